@@ -1,0 +1,36 @@
+"""``lightning-tune-data`` / ``python -m lightning_tune_data``: LightningCLI over ``TextDataModule``.
+
+Subcommands ``fit``, ``validate``, ``test`` and ``predict``; the model is any LightningModule
+given by ``class_path`` (e.g. ``lightning_tune_data.models.TinyCausalLM``). The datamodule's
+``vocab_size`` and ``max_seq_len`` are linked into the model when both are instantiated.
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from .datamodule import TextDataModule
+
+
+class TuneDataCLI(LightningCLI):
+    """LightningCLI with the data -> model links this package needs."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
+        parser.link_arguments("data.max_seq_len", "model.init_args.max_seq_len", apply_on="instantiate")
+
+
+def main(args: list[str] | None = None) -> TuneDataCLI:
+    """Entry point of the console script (``args`` defaults to ``sys.argv[1:]``)."""
+    return TuneDataCLI(
+        model_class=LightningModule,
+        datamodule_class=TextDataModule,
+        subclass_mode_model=True,
+        save_config_kwargs={"overwrite": True},
+        args=args,
+    )
+
+
+if __name__ == "__main__":
+    main()

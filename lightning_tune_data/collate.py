@@ -1,0 +1,413 @@
+"""Collators: turn lists of samples into batches of tensors plus a provenance side channel.
+
+Both collators run inside dataloader workers on the hot path, so they work on preallocated
+numpy arrays with one vectorised copy per sample (never a Python loop per token) and hand the
+arrays to torch with ``torch.from_numpy`` (no copy).
+
+The label contract (see ``DESIGN.md``): ``labels`` are **already shifted**. The label at
+position ``i`` is the token the model must predict at position ``i``, i.e. ``input_ids[i + 1]``
+of the *same document*, or ``-100`` (ignored) where there is no target: at each document's last
+token, on padding, and where the next token is a masked prompt token.
+
+The provenance side channel is a dict of plain Python lists with one entry per document in the
+batch (``source``, ``epoch``, ``tokens``, ``row``, ``new_document``). It is small, crosses the
+worker boundary cheaply, and feeds the per-source metrics in the main process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_tune_data.streams.base import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE
+
+#: Label value that the loss ignores (``torch.nn.CrossEntropyLoss``'s default ``ignore_index``).
+IGNORE_INDEX = -100
+
+#: Batch keys.
+LABELS = "labels"
+ATTENTION_MASK = "attention_mask"
+POSITION_IDS = "position_ids"
+DOCUMENT_IDS = "document_ids"
+SEQ_LENS = "seq_lens"
+PROVENANCE = "provenance"
+
+#: Provenance keys (``SOURCE`` and ``EPOCH`` are shared with document samples).
+TOKENS = "tokens"
+ROW = "row"
+NEW_DOCUMENT = "new_document"
+
+#: ``document_ids`` value on padding positions of a packed batch.
+PAD_DOCUMENT_ID = -1
+
+#: Keys each per-document provenance entry of a packed sample must have.
+_PACKED_PROVENANCE_KEYS = (SOURCE, EPOCH, TOKENS, NEW_DOCUMENT)
+
+__all__ = [
+    "ATTENTION_MASK",
+    "DOCUMENT_IDS",
+    "EPOCH",
+    "IGNORE_INDEX",
+    "INPUT_IDS",
+    "LABELS",
+    "LOSS_MASK",
+    "NEW_DOCUMENT",
+    "PAD_DOCUMENT_ID",
+    "POSITION_IDS",
+    "PROVENANCE",
+    "PackedCollator",
+    "PaddedCollator",
+    "ROW",
+    "SEQ_LENS",
+    "SOURCE",
+    "TOKENS",
+    "shifted_labels",
+]
+
+
+def shifted_labels(input_ids: np.ndarray, loss_mask: np.ndarray | None = None) -> np.ndarray:
+    """Labels of one document, already shifted for next-token prediction.
+
+    ``labels[i] = input_ids[i + 1]`` if ``loss_mask[i + 1]`` (or when there is no mask), else
+    ``-100``; ``labels[-1] = -100`` because the document's last token has no next token *in this
+    document*. Computing labels per document (never over a packed row) is what keeps a label
+    from crossing a document boundary.
+
+    Args:
+        input_ids: 1-D integer array of one document's token ids.
+        loss_mask: optional 1-D bool array of the same length; ``True`` where the token is a
+            training target (prompt tokens are ``False``). ``None`` means every token is a target.
+
+    Returns:
+        A new 1-D ``int64`` array of the same length as ``input_ids``.
+
+    Raises:
+        ValueError: the arrays are not 1-D or their lengths differ.
+    """
+    ids = np.asarray(input_ids)
+    if ids.ndim != 1:
+        raise ValueError(f"shifted_labels: input_ids must be 1-D, got shape {ids.shape}.")
+    labels = np.full(ids.shape[0], IGNORE_INDEX, dtype=np.int64)
+    if ids.shape[0] == 0:
+        return labels
+    labels[:-1] = ids[1:]
+    if loss_mask is not None:
+        mask = np.asarray(loss_mask, dtype=bool)
+        if mask.shape != ids.shape:
+            raise ValueError(
+                f"shifted_labels: loss_mask has shape {mask.shape} but input_ids has shape "
+                f"{ids.shape}; they must describe the same tokens."
+            )
+        labels[:-1][~mask[1:]] = IGNORE_INDEX
+    return labels
+
+
+def _check_optional_positive(owner: str, name: str, value: int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{owner}: {name} must be a positive int or None, got {value!r}.")
+    return int(value)
+
+
+def _check_pad_id(owner: str, pad_id: int) -> int:
+    if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)):
+        raise ValueError(
+            f"{owner}: pad_id must be an int (the tokenizer's pad_id), got {pad_id!r}."
+        )
+    return int(pad_id)
+
+
+def _padded_length(longest: int, pad_to_multiple_of: int | None) -> int:
+    """``longest`` rounded up to a multiple of ``pad_to_multiple_of`` (if given)."""
+    if pad_to_multiple_of is None:
+        return longest
+    return -(-longest // pad_to_multiple_of) * pad_to_multiple_of
+
+
+def _one_d(owner: str, index: int, key: str, value: Any, integer: bool = True) -> np.ndarray:
+    """``value`` as a 1-D (integer) array, or a ValueError naming the sample and the key."""
+    array = np.asarray(value)
+    if array.ndim != 1:
+        raise ValueError(
+            f"{owner}: sample {index} field {key!r} must be a 1-D array, got shape {array.shape}."
+        )
+    if integer and array.size and not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(
+            f"{owner}: sample {index} field {key!r} must hold integers, got dtype "
+            f"{array.dtype}; token ids are integer arrays (e.g. np.int32)."
+        )
+    return array
+
+
+def _required(owner: str, index: int, sample: Mapping[str, Any], key: str, what: str) -> Any:
+    try:
+        return sample[key]
+    except KeyError:
+        raise ValueError(
+            f"{owner}: sample {index} has no {key!r} field (keys: {sorted(sample)}); {what}"
+        ) from None
+
+
+class PaddedCollator:
+    """Pad a list of *document samples* into one batch, one document per row.
+
+    Each row holds one document: ``input_ids`` padded with ``pad_id``, ``labels`` shifted per
+    document (``-100`` at the document's last token, on masked prompt tokens and on padding),
+    ``attention_mask`` (1 real, 0 pad) and ``position_ids`` (``0..n-1``, 0 on padding). The row
+    length ``L`` is the longest sample, rounded up to ``pad_to_multiple_of``.
+
+    Documents longer than ``max_seq_len`` are truncated to their first ``max_seq_len`` tokens
+    and the last kept token gets label ``-100``. This is only a safety net: the stream applies
+    the configured overflow policy earlier, where it can be counted and reported.
+
+    Input samples are dicts with ``input_ids`` (1-D int array), optional ``loss_mask`` (1-D bool
+    array, ``True`` = training target), ``source`` (str) and ``epoch`` (int); other keys are
+    ignored. The output also carries ``provenance``: plain lists ``source``, ``epoch``,
+    ``tokens`` (real tokens of the document in this batch), ``row`` and ``new_document``
+    (always ``True`` here), one entry per row.
+
+    Args:
+        pad_id: token id written on padding positions (the tokenizer's ``pad_id``).
+        max_seq_len: longest document kept; longer ones are truncated. ``None``: no limit.
+        pad_to_multiple_of: round the padded length up to a multiple of this (e.g. 8 for tensor
+            cores, or a context-parallel divisor). The rounding can exceed ``max_seq_len``; the
+            extra positions are padding.
+    """
+
+    def __init__(
+        self,
+        pad_id: int,
+        max_seq_len: int | None = None,
+        pad_to_multiple_of: int | None = None,
+    ) -> None:
+        owner = type(self).__name__
+        self.pad_id = _check_pad_id(owner, pad_id)
+        self.max_seq_len = _check_optional_positive(owner, "max_seq_len", max_seq_len)
+        self.pad_to_multiple_of = _check_optional_positive(
+            owner, "pad_to_multiple_of", pad_to_multiple_of
+        )
+
+    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Collate ``samples`` (document samples, see the class docstring) into a batch.
+
+        Args:
+            samples: the documents of this batch, one per row.
+
+        Returns:
+            ``input_ids``, ``labels``, ``attention_mask``, ``position_ids``: ``[B, L]`` long
+            tensors, and ``provenance``: a dict of lists (see the class docstring).
+
+        Raises:
+            ValueError: the batch is empty, or a sample misses a field or has a malformed one.
+        """
+        owner = type(self).__name__
+        if len(samples) == 0:
+            raise ValueError(f"{owner}: cannot collate an empty list of samples.")
+        ids_list: list[np.ndarray] = []
+        masks: list[np.ndarray | None] = []
+        sources: list[str] = []
+        epochs: list[int] = []
+        for index, sample in enumerate(samples):
+            ids = _one_d(
+                owner, index, INPUT_IDS,
+                _required(owner, index, sample, INPUT_IDS, "document samples need token ids."),
+            )
+            mask = sample.get(LOSS_MASK)
+            if mask is not None:
+                mask = _one_d(owner, index, LOSS_MASK, mask, integer=False)
+                if mask.shape != ids.shape:
+                    raise ValueError(
+                        f"{owner}: sample {index} has {ids.shape[0]} input_ids but "
+                        f"{mask.shape[0]} loss_mask entries; they must describe the same tokens."
+                    )
+            if self.max_seq_len is not None and ids.shape[0] > self.max_seq_len:
+                ids = ids[: self.max_seq_len]
+                mask = None if mask is None else mask[: self.max_seq_len]
+            ids_list.append(ids)
+            masks.append(mask)
+            source = _required(owner, index, sample, SOURCE, "the stream sets the source name.")
+            epoch = _required(owner, index, sample, EPOCH, "the stream sets the source's pass.")
+            sources.append(str(source))
+            epochs.append(int(epoch))
+
+        batch_size = len(ids_list)
+        lengths = np.fromiter((ids.shape[0] for ids in ids_list), dtype=np.int64, count=batch_size)
+        width = _padded_length(int(lengths.max()), self.pad_to_multiple_of)
+
+        input_ids = np.full((batch_size, width), self.pad_id, dtype=np.int64)
+        labels = np.full((batch_size, width), IGNORE_INDEX, dtype=np.int64)
+        for row, (ids, mask) in enumerate(zip(ids_list, masks)):
+            n = ids.shape[0]
+            input_ids[row, :n] = ids
+            labels[row, :n] = shifted_labels(ids, mask)
+        columns = np.arange(width, dtype=np.int64)
+        real = columns[None, :] < lengths[:, None]
+        attention_mask = real.astype(np.int64)
+        position_ids = np.where(real, columns[None, :], 0)
+
+        return {
+            INPUT_IDS: torch.from_numpy(input_ids),
+            LABELS: torch.from_numpy(labels),
+            ATTENTION_MASK: torch.from_numpy(attention_mask),
+            POSITION_IDS: torch.from_numpy(position_ids),
+            PROVENANCE: {
+                SOURCE: sources,
+                EPOCH: epochs,
+                TOKENS: lengths.tolist(),
+                ROW: list(range(batch_size)),
+                NEW_DOCUMENT: [True] * batch_size,
+            },
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(pad_id={self.pad_id}, max_seq_len={self.max_seq_len}, "
+            f"pad_to_multiple_of={self.pad_to_multiple_of})"
+        )
+
+
+class PackedCollator:
+    """Stack *packed samples* (several documents per row) into one batch.
+
+    A packed sample (from ``IterablePackedDataset``) has ``input_ids``, ``labels`` (already
+    shifted, ``-100`` at each document end), ``position_ids`` (restarting at 0 per document)
+    and ``document_ids`` (``0..k-1`` within the pack): 1-D int arrays of one length ``n``; plus
+    ``seq_lens`` (the documents' lengths, summing to ``n``) and ``provenance`` (a list of dicts
+    with ``source``, ``epoch``, ``tokens`` and ``new_document``, one per document; a document
+    continued from the previous pack has ``new_document=False``).
+
+    Output: ``input_ids``, ``labels``, ``position_ids``, ``document_ids`` as ``[B, L]`` long
+    tensors padded with ``pad_id``, ``-100``, ``0`` and ``-1``; ``attention_mask`` ``[B, L]``
+    (1 real, 0 pad; use ``document_ids``/``seq_lens`` to stop attention crossing documents);
+    ``seq_lens`` ``[B, D]`` long, zero-padded to the most documents in a row; and
+    ``provenance`` as in :class:`PaddedCollator`, flattened over rows with ``row`` added.
+
+    Packs are not truncated: cutting a pack would orphan label and provenance bookkeeping,
+    and a pack longer than ``max_seq_len`` means the packer and the collator were configured
+    with different lengths, which is reported as an error.
+
+    Args:
+        pad_id: token id written on padding positions (the tokenizer's ``pad_id``).
+        max_seq_len: the packer's length; a longer pack raises. ``None``: not checked.
+        pad_to_multiple_of: round the padded length up to a multiple of this.
+    """
+
+    _ARRAY_KEYS = (INPUT_IDS, LABELS, POSITION_IDS, DOCUMENT_IDS)
+
+    def __init__(
+        self,
+        pad_id: int,
+        max_seq_len: int | None = None,
+        pad_to_multiple_of: int | None = None,
+    ) -> None:
+        owner = type(self).__name__
+        self.pad_id = _check_pad_id(owner, pad_id)
+        self.max_seq_len = _check_optional_positive(owner, "max_seq_len", max_seq_len)
+        self.pad_to_multiple_of = _check_optional_positive(
+            owner, "pad_to_multiple_of", pad_to_multiple_of
+        )
+
+    def _validated(
+        self, index: int, sample: Mapping[str, Any]
+    ) -> tuple[list[np.ndarray], list[int], list[Mapping[str, Any]]]:
+        """The arrays, seq_lens and provenance of one packed sample, after consistency checks."""
+        owner = type(self).__name__
+        what = "packed samples come from IterablePackedDataset (unpacked: use PaddedCollator)."
+        arrays = [
+            _one_d(owner, index, key, _required(owner, index, sample, key, what))
+            for key in self._ARRAY_KEYS
+        ]
+        n = arrays[0].shape[0]
+        for key, array in zip(self._ARRAY_KEYS[1:], arrays[1:]):
+            if array.shape[0] != n:
+                raise ValueError(
+                    f"{owner}: sample {index} field {key!r} has length {array.shape[0]} but "
+                    f"input_ids has length {n}; every per-token field must have the same length."
+                )
+        if self.max_seq_len is not None and n > self.max_seq_len:
+            raise ValueError(
+                f"{owner}: sample {index} is a pack of {n} tokens, longer than max_seq_len="
+                f"{self.max_seq_len}. Give the packer and the collator the same max_seq_len."
+            )
+        seq_lens = [int(length) for length in _required(owner, index, sample, SEQ_LENS, what)]
+        if sum(seq_lens) != n:
+            raise ValueError(
+                f"{owner}: sample {index} seq_lens={seq_lens} sum to {sum(seq_lens)}, but the "
+                f"pack has {n} tokens; seq_lens must list every document's length in the pack."
+            )
+        provenance = list(_required(owner, index, sample, PROVENANCE, what))
+        if len(provenance) != len(seq_lens):
+            raise ValueError(
+                f"{owner}: sample {index} has {len(seq_lens)} seq_lens but {len(provenance)} "
+                "provenance entries; there must be one provenance entry per document."
+            )
+        for document in provenance:
+            missing = [key for key in _PACKED_PROVENANCE_KEYS if key not in document]
+            if missing:
+                raise ValueError(
+                    f"{owner}: sample {index} has a provenance entry without {missing} (got "
+                    f"{sorted(document)}); each entry needs {list(_PACKED_PROVENANCE_KEYS)}."
+                )
+        return arrays, seq_lens, provenance
+
+    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Collate packed ``samples`` (see the class docstring) into a batch.
+
+        Args:
+            samples: the packs of this batch, one per row.
+
+        Returns:
+            ``input_ids``, ``labels``, ``position_ids``, ``document_ids``, ``attention_mask``
+            (``[B, L]`` long), ``seq_lens`` (``[B, D]`` long) and ``provenance`` (dict of lists).
+
+        Raises:
+            ValueError: the batch is empty, or a sample misses a field or is inconsistent.
+        """
+        owner = type(self).__name__
+        if len(samples) == 0:
+            raise ValueError(f"{owner}: cannot collate an empty list of samples.")
+        validated = [self._validated(index, sample) for index, sample in enumerate(samples)]
+        batch_size = len(validated)
+        lengths = np.fromiter(
+            (arrays[0].shape[0] for arrays, _, _ in validated), dtype=np.int64, count=batch_size
+        )
+        width = _padded_length(int(lengths.max()), self.pad_to_multiple_of)
+        max_documents = max(len(v[1]) for v in validated)
+
+        fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
+        outputs = [np.full((batch_size, width), fill, dtype=np.int64) for fill in fills]
+        seq_lens = np.zeros((batch_size, max_documents), dtype=np.int64)
+        provenance: dict[str, list[Any]] = {
+            SOURCE: [], EPOCH: [], TOKENS: [], ROW: [], NEW_DOCUMENT: []
+        }
+        for row, (arrays, row_seq_lens, row_provenance) in enumerate(validated):
+            n = arrays[0].shape[0]
+            for output, array in zip(outputs, arrays):
+                output[row, :n] = array
+            seq_lens[row, : len(row_seq_lens)] = row_seq_lens
+            for document in row_provenance:
+                provenance[SOURCE].append(str(document[SOURCE]))
+                provenance[EPOCH].append(int(document[EPOCH]))
+                provenance[TOKENS].append(int(document[TOKENS]))
+                provenance[ROW].append(row)
+                provenance[NEW_DOCUMENT].append(bool(document[NEW_DOCUMENT]))
+        columns = np.arange(width, dtype=np.int64)
+        attention_mask = (columns[None, :] < lengths[:, None]).astype(np.int64)
+
+        batch: dict[str, Any] = {
+            key: torch.from_numpy(output) for key, output in zip(self._ARRAY_KEYS, outputs)
+        }
+        batch[ATTENTION_MASK] = torch.from_numpy(attention_mask)
+        batch[SEQ_LENS] = torch.from_numpy(seq_lens)
+        batch[PROVENANCE] = provenance
+        return batch
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(pad_id={self.pad_id}, max_seq_len={self.max_seq_len}, "
+            f"pad_to_multiple_of={self.pad_to_multiple_of})"
+        )

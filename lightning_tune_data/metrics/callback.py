@@ -1,0 +1,221 @@
+"""Lightning callback that logs per-source dataset metrics from the batches the model trained on.
+
+Counting happens in the main process from ``batch["provenance"]`` (computed in the dataloader
+workers), for exactly the batches the training loop hands to the model: Lightning fetches one
+batch ahead, so counting inside the dataloader would be one batch early (DESIGN decision 6).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+
+from lightning_tune_data.distributed import current_rank_and_world_size
+from lightning_tune_data.metrics.aggregator import CollectorsFactory, DatasetMetricsAggregator, MetricsDict
+from lightning_tune_data.metrics.collector import StandardMetricCollector
+
+__all__ = ["DatasetMetricsCallback"]
+
+PROVENANCE_KEY = "provenance"
+
+
+def flatten_metrics(metrics: Mapping[str, Mapping[str, Any]], prefix: str = "dataset") -> dict[str, float]:
+    """Flatten ``{name: {"metrics": {m: v}}}`` into ``{"<prefix>/<name>/<m>": v}`` (numeric values only).
+
+    Args:
+        metrics: Seed-000 format metrics.
+        prefix: First path component of every key.
+    """
+    flat: dict[str, float] = {}
+    for name, entry in metrics.items():
+        for metric, value in entry.get("metrics", {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                flat[f"{prefix}/{name}/{metric}"] = value
+    return flat
+
+
+class DatasetMetricsCallback(Callback):
+    """Log ``dataset/<name>/<metric>`` for every train source and the whole stream.
+
+    * Reads ``batch["provenance"]`` of each train batch in ``on_train_batch_start`` and commits it in
+      ``on_train_batch_end``, so only batches that were actually trained on count (a batch skipped by
+      ``on_train_batch_start`` returning ``-1`` never reaches ``on_train_batch_end``). Batches without
+      provenance are ignored.
+    * Every ``log_every_n_steps`` optimizer steps (``trainer.global_step``) and at the end of
+      training, reduces the metrics across ranks (a collective: it runs on every rank) and logs
+      them through ``trainer.loggers`` on rank 0, at ``step=trainer.global_step``.
+    * Target weights come from ``trainer.datamodule.train_source_weights`` when it exists.
+    * Checkpoints hold every rank's counts (``{"world_size": W, "ranks": [...]}``); on resume each
+      rank restores its own, so counters continue instead of restarting at 0. ``state_dict()`` is a
+      collective under DDP, like Lightning's own ``trainer.save_checkpoint``: it must run on all ranks.
+
+    Args:
+        log_every_n_steps: Log every this many optimizer steps (``>= 1``).
+        seq_len_stat_window_size: Per-rank window of recent sequence lengths per source.
+        stream_name: Name of the whole-stream metrics group.
+        collectors_factory: Optional factory ``name -> collector(s)``; defaults to
+            :class:`StandardMetricCollector` with ``seq_len_stat_window_size``.
+    """
+
+    def __init__(
+        self,
+        log_every_n_steps: int = 50,
+        seq_len_stat_window_size: int = 1000,
+        stream_name: str = "all",
+        collectors_factory: CollectorsFactory | None = None,
+    ) -> None:
+        if int(log_every_n_steps) < 1:
+            raise ValueError(f"DatasetMetricsCallback: log_every_n_steps must be >= 1, got {log_every_n_steps}.")
+        self.log_every_n_steps = int(log_every_n_steps)
+        self.seq_len_stat_window_size = int(seq_len_stat_window_size)
+        self.stream_name = stream_name
+        factory = collectors_factory or functools.partial(
+            StandardMetricCollector, seq_len_stat_window_size=self.seq_len_stat_window_size
+        )
+        self.aggregator = DatasetMetricsAggregator(None, stream_name=stream_name, collectors_factory=factory)
+        self._pending: tuple[int, Mapping[str, Any], Mapping[str, Any]] | None = None
+        self._last_metrics: MetricsDict = {}
+        self._last_logged_step = -1
+
+    @property
+    def state_key(self) -> str:
+        """Checkpoint key, unique per ``stream_name`` (several callbacks can coexist)."""
+        return self._generate_state_key(stream_name=self.stream_name)
+
+    # ------------------------------------------------------------------ hooks
+    def _read_source_weights(self, trainer: pl.Trainer) -> None:
+        """Take ``trainer.datamodule.train_source_weights`` as target weights when the datamodule has them.
+
+        Args:
+            trainer: The trainer.
+        """
+        weights = getattr(getattr(trainer, "datamodule", None), "train_source_weights", None)
+        if weights:
+            self.aggregator.set_source_weights(dict(weights))
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Read target weights when fitting (the datamodule's ``setup`` has run by now).
+
+        Args:
+            trainer: The trainer.
+            pl_module: The module.
+            stage: ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``.
+        """
+        if stage == "fit":
+            self._read_source_weights(trainer)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Re-read target weights, in case the datamodule only knows them once loaders exist.
+
+        Args:
+            trainer: The trainer.
+            pl_module: The module.
+        """
+        self._read_source_weights(trainer)
+        self._pending = None
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """Remember this batch's provenance; it counts once the batch was trained on.
+
+        Args:
+            trainer: The trainer.
+            pl_module: The module.
+            batch: The batch about to be trained on (already on the device).
+            batch_idx: Index of the batch in the epoch.
+        """
+        self._pending = None
+        if isinstance(batch, Mapping) and PROVENANCE_KEY in batch:
+            self._pending = (batch_idx, batch[PROVENANCE_KEY], batch)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Count the trained batch, then log when an optimizer step lands on the logging interval.
+
+        Args:
+            trainer: The trainer.
+            pl_module: The module.
+            outputs: What ``training_step`` returned.
+            batch: The batch that was trained on.
+            batch_idx: Index of the batch in the epoch.
+        """
+        if self._pending is not None and self._pending[0] == batch_idx:
+            _, provenance, start_batch = self._pending
+            self.aggregator.update(provenance, start_batch)
+        self._pending = None
+        step = trainer.global_step
+        if step > 0 and step % self.log_every_n_steps == 0 and step != self._last_logged_step:
+            self._compute_and_log(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Final reduction and log (skipped when the last step was just logged); runs on every rank.
+
+        Args:
+            trainer: The trainer.
+            pl_module: The module.
+        """
+        if trainer.global_step != self._last_logged_step:
+            self._compute_and_log(trainer)
+
+    def _compute_and_log(self, trainer: pl.Trainer) -> None:
+        """Reduce across ranks (collective: every rank calls this at the same step) and log on rank 0.
+
+        Args:
+            trainer: The trainer.
+        """
+        distributed = trainer.world_size > 1
+        self._last_metrics = self.aggregator.compute(distributed=distributed)
+        self._last_logged_step = trainer.global_step
+        if trainer.is_global_zero:
+            flat = flatten_metrics(self._last_metrics)
+            for logger in trainer.loggers:
+                logger.log_metrics(flat, step=trainer.global_step)
+
+    def get_metrics(self) -> MetricsDict:
+        """The last computed metrics, ``{name: {"metrics": {...}}}`` (global across ranks; a copy)."""
+        return copy.deepcopy(self._last_metrics)
+
+    # ------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """``{"world_size": W, "ranks": [aggregator state of rank 0, ...]}``: gathered from every rank.
+
+        Lightning calls this on every rank and writes rank 0's result, so under DDP this gathers
+        (``all_gather_object``) and must be called on all ranks.
+        """
+        local = self.aggregator.state_dict()
+        rank, world = current_rank_and_world_size()
+        if world == 1:
+            return {"world_size": 1, "ranks": [local]}
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, local)
+        return {"world_size": world, "ranks": gathered}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore this rank's entry of a state written by :meth:`state_dict`.
+
+        Args:
+            state_dict: ``{"world_size": W, "ranks": [...]}``.
+        """
+        if "world_size" not in state_dict or "ranks" not in state_dict:
+            raise KeyError(
+                f"DatasetMetricsCallback: checkpoint state has keys {sorted(state_dict)}, expected "
+                "'world_size' and 'ranks'; was it written by another version of the callback?"
+            )
+        rank, world = current_rank_and_world_size()
+        saved_world = int(state_dict["world_size"])
+        if saved_world != world or len(state_dict["ranks"]) != saved_world:
+            raise ValueError(
+                f"DatasetMetricsCallback: the checkpoint's dataset metrics were saved with world_size={saved_world} "
+                f"but this run has world_size={world}. Per-rank metric state cannot be redistributed; resume with "
+                f"{saved_world} processes, or drop the callback state from the checkpoint to restart the counters."
+            )
+        self.aggregator.load_state_dict(state_dict["ranks"][rank])
+        self._pending = None

@@ -1,0 +1,135 @@
+"""``TinyCausalLM``: a few-layer transformer for quickstarts and tests, aware of packed batches.
+
+For packed batches it builds a block-diagonal causal mask from ``document_ids`` and uses
+``position_ids`` that restart per document, so a token never attends across a document
+boundary: packing changes throughput, not what the model learns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..harness import Harness, ReportedMetrics
+
+IGNORE_INDEX = -100
+
+
+def document_causal_mask(document_ids: torch.Tensor) -> torch.Tensor:
+    """Boolean ``[B, 1, L, L]`` attention mask: causal, within one document, never onto padding.
+
+    ``document_ids`` is ``[B, L]`` with ``-1`` on padding. Padding queries attend to themselves
+    only, so no row of the mask is empty (an empty row makes softmax return NaN).
+    """
+    length = document_ids.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=document_ids.device).tril()
+    same_document = document_ids[:, :, None] == document_ids[:, None, :]
+    real_key = (document_ids >= 0)[:, None, :]
+    mask = causal & same_document & real_key
+    mask |= torch.eye(length, dtype=torch.bool, device=document_ids.device)
+    return mask[:, None]
+
+
+class _Block(nn.Module):
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.norm1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(width, dim=-1)
+        q, k, v = (t.view(batch, length, self.n_heads, -1).transpose(1, 2) for t in (q, k, v))
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.proj(attended.transpose(1, 2).reshape(batch, length, width))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyCausalLM(Harness):
+    """A tiny causal transformer LM trained on the datamodule's batch contract.
+
+    Args:
+        vocab_size: vocabulary size (the CLI links it from the datamodule's tokenizer).
+        max_seq_len: longest sequence (positions); linked from the datamodule by the CLI.
+        d_model: hidden width.
+        n_layers: transformer blocks.
+        n_heads: attention heads.
+        learning_rate: AdamW learning rate.
+        reported_metrics: named metric groups per stage (see ``Harness``).
+        generate_tokens: tokens to generate per prompt in ``predict_step``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 259,
+        max_seq_len: int = 512,
+        d_model: int = 64,
+        n_layers: int = 2,
+        n_heads: int = 4,
+        learning_rate: float = 3e-3,
+        reported_metrics: ReportedMetrics | None = None,
+        generate_tokens: int = 32,
+    ) -> None:
+        super().__init__(reported_metrics)
+        self.save_hyperparameters(ignore=["reported_metrics"])
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.positions = nn.Embedding(max_seq_len, d_model)
+        self.blocks = nn.ModuleList(_Block(d_model, n_heads) for _ in range(n_layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits ``[B, L, vocab]``. ``document_ids`` (packed) or ``attention_mask`` (padded) mask attention."""
+        if document_ids is None:
+            real = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+            document_ids = torch.where(real, 0, -1)
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        mask = document_causal_mask(document_ids)
+        x = self.embed(input_ids) + self.positions(position_ids.clamp(max=self.positions.num_embeddings - 1))
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(self.norm(x))
+
+    def step_outputs(self, batch: dict[str, Any]) -> dict[str, Any]:
+        logits = self(
+            batch["input_ids"],
+            position_ids=batch.get("position_ids"),
+            document_ids=batch.get("document_ids"),
+            attention_mask=batch.get("attention_mask"),
+        )
+        labels = batch["labels"]
+        num_tokens = (labels != IGNORE_INDEX).sum()
+        loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        loss = loss_sum / num_tokens.clamp(min=1)
+        return {"loss": loss, "num_tokens": num_tokens, "logits": logits, "labels": labels}
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> list[list[int]]:
+        """Greedy continuation of each prompt; returns generated token ids per row."""
+        input_ids = batch["input_ids"]
+        lengths = batch["attention_mask"].sum(dim=1)
+        generated: list[list[int]] = []
+        for row in range(input_ids.shape[0]):
+            tokens = input_ids[row, : lengths[row]].tolist()
+            for _ in range(self.hparams.generate_tokens):
+                context = torch.tensor([tokens[-self.hparams.max_seq_len :]], device=input_ids.device)
+                next_token = int(self(context)[0, -1].argmax())
+                tokens.append(next_token)
+            generated.append(tokens)
+        return generated
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams.learning_rate)

@@ -1,0 +1,201 @@
+"""``InMemoryStream``: a sharded, shuffled, exactly resumable stream over Python data.
+
+Users can bring their own tokenised documents as a plain list (token-id lists or document
+dicts) and get the same stream semantics as the cached Arrow sources: the order of pass ``p``
+is a pure function of ``(seed, p)``, every (rank, dataloader worker) shard gets a disjoint slice
+of the same size, and the state is two integers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from lightning_tune_data.distributed import current_shard
+from lightning_tune_data.streams.base import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, TuneIterableDataset
+
+__all__ = ["InMemoryStream"]
+
+
+def _to_document(item: Any, index: int, dataset_name: str) -> dict[str, Any]:
+    """Validate one user item and convert it to ``{"input_ids": int64, ["loss_mask": bool], ...}``."""
+    where = f"document {index} of stream '{dataset_name}'"
+    if isinstance(item, Mapping):
+        if INPUT_IDS not in item:
+            raise ValueError(
+                f"{where} is a dict without an '{INPUT_IDS}' field (keys: {sorted(item)}); "
+                f"give each document dict the token ids under '{INPUT_IDS}'."
+            )
+        doc = {k: v for k, v in item.items() if k not in (SOURCE, EPOCH)}
+        raw_ids = item[INPUT_IDS]
+    else:
+        doc = {}
+        raw_ids = item
+    try:
+        ids = np.asarray(raw_ids)
+    except (TypeError, ValueError) as err:  # ragged nested lists and the like
+        raise ValueError(f"{where}: '{INPUT_IDS}' is not a flat sequence of token ids ({err}).") from err
+    if ids.ndim != 1:
+        raise ValueError(
+            f"{where}: '{INPUT_IDS}' must be a flat (1-D) sequence of token ids, got shape {ids.shape}."
+        )
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(
+            f"{where}: '{INPUT_IDS}' must hold integer token ids, got dtype {ids.dtype}; "
+            "tokenise the text before building the stream."
+        )
+    doc[INPUT_IDS] = ids.astype(np.int64, copy=True)
+    if LOSS_MASK in doc and doc[LOSS_MASK] is not None:
+        mask = np.asarray(doc[LOSS_MASK], dtype=bool)
+        if mask.shape != doc[INPUT_IDS].shape:
+            raise ValueError(
+                f"{where}: '{LOSS_MASK}' has shape {mask.shape} but '{INPUT_IDS}' has shape "
+                f"{doc[INPUT_IDS].shape}; give one flag per token."
+            )
+        doc[LOSS_MASK] = mask.copy()
+    else:
+        doc.pop(LOSS_MASK, None)
+    return doc
+
+
+class InMemoryStream(TuneIterableDataset):
+    """Stream over an in-memory list of documents, sharded by (rank, worker) and reshuffled per pass.
+
+    Each pass visits a permutation of the documents (``np.random.default_rng([seed, pass])``, or
+    the identity when ``shuffle=False``). A shard keeps every ``num_shards``-th entry of that
+    permutation starting at its ``shard_id`` and truncates to ``len(data) // num_shards`` entries,
+    so every shard of every rank yields the same number of documents per pass (a rank can never
+    run dry before the others). Up to ``num_shards - 1`` documents per pass are left out; which
+    ones changes every pass.
+
+    Samples are document samples (see ``streams/base.py``): ``input_ids`` (``np.int64``),
+    ``loss_mask`` (when the input had one), ``source`` (= ``dataset_name``), ``epoch`` (= pass),
+    plus any other keys of an input document dict.
+
+    A finite stream (``num_passes`` set) raises ``StopIteration`` after its last pass; calling
+    ``iter()`` again on a finished stream starts it over from pass 0 (like a list).
+
+    Args:
+        data: the documents: token-id sequences, or dicts with ``input_ids`` and optionally
+            ``loss_mask`` (one bool per token, ``True`` = training target) and other fields.
+        dataset_name: unique name of the stream (state key and ``source`` of its samples).
+        seed: seed of the per-pass shuffle.
+        shuffle: shuffle each pass; ``False`` keeps the input order (still sharded).
+        num_passes: number of passes before the stream ends; ``None`` (default) = infinite.
+        rank: this process's rank (capture it in the main process).
+        world_size: number of ranks.
+    """
+
+    def __init__(
+        self,
+        data: Sequence[Sequence[int] | np.ndarray | Mapping[str, Any]],
+        dataset_name: str,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_passes: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if not isinstance(dataset_name, str) or not dataset_name:
+            raise ValueError(f"dataset_name must be a non-empty string, got {dataset_name!r}.")
+        if num_passes is not None and (not isinstance(num_passes, int) or num_passes < 1):
+            raise ValueError(
+                f"num_passes of stream '{dataset_name}' must be a positive int or None (infinite), "
+                f"got {num_passes!r}."
+            )
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(
+                f"Stream '{dataset_name}': need 0 <= rank < world_size, got rank={rank}, "
+                f"world_size={world_size}."
+            )
+        if len(data) == 0:
+            raise ValueError(f"Stream '{dataset_name}' was given no documents; pass a non-empty list.")
+        self._dataset_name = dataset_name
+        self._docs = [_to_document(item, i, dataset_name) for i, item in enumerate(data)]
+        self._seed = int(seed) % 2**64  # numpy seeds must be non-negative
+        self._shuffle = bool(shuffle)
+        self._num_passes = num_passes
+        self._rank = rank
+        self._world_size = world_size
+        self._pass = 0
+        self._position = 0  # documents of the current pass already yielded by this shard
+
+    @property
+    def dataset_name(self) -> str:
+        return self._dataset_name
+
+    def __len__(self) -> int:
+        """Number of documents held (all shards together)."""
+        return len(self._docs)
+
+    @property
+    def epochs_completed(self) -> int:
+        """Completed passes over this shard."""
+        return self._pass
+
+    def permutation(self, pass_index: int) -> np.ndarray:
+        """Order of all documents in pass ``pass_index`` (before sharding); pure in ``(seed, pass)``.
+
+        Args:
+            pass_index: 0-based pass number.
+        """
+        n = len(self._docs)
+        if not self._shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self._seed, pass_index]).permutation(n)
+
+    def _finished(self) -> bool:
+        return self._num_passes is not None and self._pass >= self._num_passes
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        shard = current_shard(self._rank, self._world_size)
+        per_shard = len(self._docs) // shard.num_shards
+        if per_shard == 0:
+            raise ValueError(
+                f"Stream '{self._dataset_name}' has {len(self._docs)} documents but "
+                f"{shard.num_shards} shards (world_size={shard.world_size} x "
+                f"num_workers={shard.num_workers}); every shard needs at least one document. "
+                "Use fewer dataloader workers/ranks or more data."
+            )
+        if self._finished():  # a new round over a finished finite stream
+            self._pass, self._position = 0, 0
+        order: np.ndarray | None = None
+        order_pass = -1
+        while True:
+            if self._position >= per_shard:  # roll over lazily: the end is found on the next call
+                self._pass += 1
+                self._position = 0
+                if self._finished():
+                    return
+            if order_pass != self._pass:
+                order = self.permutation(self._pass)[shard.shard_id :: shard.num_shards][:per_shard]
+                order_pass = self._pass
+            doc = self._docs[int(order[self._position])]
+            sample = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in doc.items()}
+            sample[SOURCE] = self._dataset_name
+            sample[EPOCH] = self._pass
+            self._position += 1
+            yield sample
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            self._dataset_name: {
+                "pass": self._pass,
+                "position": self._position,
+                "num_documents": len(self._docs),
+            }
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        own = self._own_state(state_dict)
+        n = own.get("num_documents", len(self._docs))
+        if n != len(self._docs):
+            raise ValueError(
+                f"The saved state of stream '{self._dataset_name}' was written over {n} documents, "
+                f"but this stream holds {len(self._docs)}; the data changed since the checkpoint. "
+                "Rebuild the stream from the same data, or start without the saved data state."
+            )
+        self._pass = int(own["pass"])
+        self._position = int(own["position"])

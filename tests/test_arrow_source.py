@@ -1,0 +1,181 @@
+"""ArrowSource: infinite passes, per-pass permutations, rank x worker sharding, O(1) exact state."""
+
+from __future__ import annotations
+
+import pickle
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lightning_tune_data.streams.arrow_source import ArrowSource
+
+
+def table(num_rows: int, with_mask: bool = False) -> pa.Table:
+    """Row i holds tokens [i, i, ...] (1 + i % 7 of them): the first token identifies the row."""
+    ids = [[i] * (1 + i % 7) for i in range(num_rows)]
+    columns = {"input_ids": pa.array(ids, type=pa.list_(pa.int32()))}
+    if with_mask:
+        columns["loss_mask"] = pa.array([[j % 2 == 0 for j in range(len(r))] for r in ids], type=pa.list_(pa.bool_()))
+    return pa.table(columns)
+
+
+def take(stream, count: int) -> list[dict]:
+    iterator = iter(stream)
+    return [next(iterator) for _ in range(count)]
+
+
+def rows_of(samples: list[dict]) -> list[int]:
+    return [int(s["input_ids"][0]) for s in samples]
+
+
+def test_each_pass_visits_every_row_once_in_a_new_order():
+    stream = ArrowSource(table(20), "src", seed=3)
+    samples = take(stream, 60)
+    passes = [rows_of(samples[i : i + 20]) for i in (0, 20, 40)]
+    for number, rows in enumerate(passes):
+        assert sorted(rows) == list(range(20))
+        assert {s["epoch"] for s in samples[number * 20 : (number + 1) * 20]} == {number}
+    assert passes[0] != passes[1] != passes[2]
+
+
+def test_order_of_a_pass_is_a_pure_function_of_seed_and_pass():
+    first = rows_of(take(ArrowSource(table(30), "src", seed=11), 90))
+    second = rows_of(take(ArrowSource(table(30), "src", seed=11), 90))
+    other = rows_of(take(ArrowSource(table(30), "src", seed=12), 90))
+    assert first == second
+    assert first != other
+
+
+def test_shuffle_false_keeps_file_order():
+    assert rows_of(take(ArrowSource(table(5), "src", shuffle=False), 10)) == [0, 1, 2, 3, 4] * 2
+
+
+def test_samples_are_zero_copy_views_with_source_and_loss_mask():
+    sample = take(ArrowSource(table(8, with_mask=True), "docs", shuffle=False), 4)[3]
+    assert sample["source"] == "docs" and sample["epoch"] == 0
+    assert sample["input_ids"].tolist() == [3, 3, 3, 3]
+    assert sample["loss_mask"].dtype == np.bool_ and sample["loss_mask"].tolist() == [True, False, True, False]
+
+
+@pytest.mark.parametrize("stop_at", [0, 1, 7, 19, 20, 21, 45])
+def test_state_after_k_samples_resumes_bitwise_including_across_pass_boundaries(stop_at: int):
+    reference = ArrowSource(table(20), "src", seed=5)
+    iterator = iter(reference)
+    for _ in range(stop_at):
+        next(iterator)
+    state = pickle.loads(pickle.dumps(reference.state_dict()))
+    expected = [next(iterator) for _ in range(30)]
+
+    resumed = ArrowSource(table(20), "src", seed=5)
+    resumed.load_state_dict(state)
+    got = take(resumed, 30)
+    assert rows_of(got) == rows_of(expected)
+    assert [s["epoch"] for s in got] == [s["epoch"] for s in expected]
+
+
+def test_state_is_small_and_constant_in_how_far_the_stream_went():
+    stream = ArrowSource(table(50), "src")
+    iterator = iter(stream)
+    early = stream.state_dict()
+    for _ in range(5001):
+        next(iterator)
+    late = stream.state_dict()
+    assert early.keys() == late.keys() == {"src"}
+    assert (late["src"]["epoch"], late["src"]["position"]) == (100, 1)
+    assert set(early["src"]) == set(late["src"])
+    assert all(isinstance(v, int) for v in late["src"].values())
+
+
+def test_two_ranks_with_two_workers_partition_each_pass_with_equal_counts():
+    num_rows = 103  # 103 = 4 * 25 + 3: three rows are the documented per-pass remainder
+    seen: Counter = Counter()
+    per_rank = []
+    for rank in (0, 1):
+        stream = ArrowSource(table(num_rows), "src", seed=1, rank=rank, world_size=2, num_passes=1)
+        loader = StatefulDataLoader(stream, batch_size=5, num_workers=2, collate_fn=lambda batch: batch)
+        rows = [int(s["input_ids"][0]) for batch in loader for s in batch]
+        per_rank.append(len(rows))
+        seen.update(rows)
+    assert per_rank == [50, 50]
+    assert set(seen.values()) == {1}, "no row may be read twice in one pass"
+    assert len(seen) == num_rows - 3
+
+
+def test_worker_states_resume_exactly_through_stateful_dataloader():
+    def loader():
+        stream = ArrowSource(table(40), "src", seed=2)
+        return StatefulDataLoader(stream, batch_size=3, num_workers=2, collate_fn=lambda b: [int(s["input_ids"][0]) for s in b])
+
+    reference = loader()
+    iterator = iter(reference)
+    for _ in range(9):
+        next(iterator)
+    state = reference.state_dict()
+    expected = [next(iterator) for _ in range(20)]
+
+    resumed = loader()
+    resumed.load_state_dict(state)
+    iterator = iter(resumed)
+    assert [next(iterator) for _ in range(20)] == expected
+
+
+def test_more_shards_than_rows_is_a_clear_error():
+    stream = ArrowSource(table(3), "tiny", rank=0, world_size=4)
+    with pytest.raises(ValueError, match="fewer than its 4 shards"):
+        next(iter(stream))
+
+
+def test_loading_a_state_from_another_shard_layout_fails_naming_it():
+    stream = ArrowSource(table(20), "src", rank=0, world_size=2)
+    state = stream.state_dict()
+    single = ArrowSource(table(20), "src")
+    with pytest.raises(ValueError, match="same world size and num_workers"):
+        single.load_state_dict(state)
+
+
+def test_overlong_documents_are_truncated_or_dropped_and_counted():
+    truncating = ArrowSource(table(14), "src", shuffle=False, max_seq_len=3, overlong="truncate")
+    assert max(len(s["input_ids"]) for s in take(truncating, 14)) == 3
+    assert truncating.state_dict()["src"]["overlong_truncated"] == 8  # rows with 4..7 tokens
+    dropping = ArrowSource(table(14), "src", shuffle=False, max_seq_len=3, overlong="drop")
+    kept = take(dropping, 6)
+    assert all(len(s["input_ids"]) <= 3 for s in kept)
+    assert dropping.state_dict()["src"]["overlong_dropped"] >= 4
+
+
+def test_failing_transform_rows_are_skipped_until_the_budget_then_raise_with_the_row():
+    def explode_on_five(sample):
+        if int(sample["input_ids"][0]) == 5:
+            raise ValueError("bad row")
+        return sample
+
+    tolerant = ArrowSource(table(10), "src", shuffle=False, model_transform=explode_on_five, max_error_count=1)
+    assert 5 not in rows_of(take(tolerant, 9))
+    assert tolerant.state_dict()["src"]["errors"] == 1
+
+    strict = ArrowSource(table(10), "src", shuffle=False, model_transform=explode_on_five, max_error_count=0)
+    with pytest.raises(RuntimeError, match=r"(?s)max_error_count=0.*row 5.*bad row"):
+        take(strict, 10)
+
+
+def test_filter_that_drops_everything_is_an_error_not_a_hang():
+    stream = ArrowSource(table(10), "src", filter_fn=lambda sample: False)
+    with pytest.raises(RuntimeError, match="produced no samples"):
+        next(iter(stream))
+
+
+def test_filter_kwargs_are_passed_to_filter_fn():
+    stream = ArrowSource(table(10), "src", shuffle=False, filter_fn=lambda s, limit: s["input_ids"][0] < limit,
+                         filter_kwargs={"limit": 4})
+    assert rows_of(take(stream, 8)) == [0, 1, 2, 3] * 2
+
+
+def test_state_loads_with_weights_only_torch_load(tmp_path):
+    stream = ArrowSource(table(10), "src")
+    take(stream, 4)
+    torch.save(stream.state_dict(), tmp_path / "state.pt")
+    assert torch.load(tmp_path / "state.pt", weights_only=True) == stream.state_dict()

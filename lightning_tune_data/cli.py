@@ -21,8 +21,8 @@ class TuneDataCLI(LightningCLI):
         parser.link_arguments("data.max_seq_len", "model.init_args.max_seq_len", apply_on="instantiate")
 
 
-def main(args: list[str] | None = None) -> TuneDataCLI:
-    """Entry point of the console script (``args`` defaults to ``sys.argv[1:]``)."""
+def run_cli(args: list[str] | None = None) -> TuneDataCLI:
+    """Build and run the CLI (``args`` defaults to ``sys.argv[1:]``); returns it for inspection."""
     return TuneDataCLI(
         model_class=LightningModule,
         datamodule_class=TextDataModule,
@@ -30,6 +30,11 @@ def main(args: list[str] | None = None) -> TuneDataCLI:
         save_config_kwargs={"overwrite": True},
         args=args,
     )
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of the console script and ``python -m lightning_tune_data``."""
+    run_cli(args)
 
 
 if __name__ == "__main__":

@@ -125,7 +125,11 @@ class Harness(LightningModule, ABC):
                     f"reported_metrics.{stage}.{name}.{metric_name} asks for inputs {missing}; the model's "
                     f"step outputs are {sorted(outputs)}."
                 )
-            metric.update(*[outputs[i] for i in inputs])
+            values = [outputs[i] for i in inputs]
+            if on_step:
+                metric(*values)  # forward: updates the state and caches this batch's value to log
+            else:
+                metric.update(*values)
             self.log(f"{stage}/{name}/{metric_name}", metric, on_step=on_step, on_epoch=not on_step,
                      batch_size=batch_size, add_dataloader_idx=False, prog_bar=metric_name == "loss")
 

@@ -153,7 +153,9 @@ class EvalDocuments(IterableDataset):
         self.max_seq_len = max_seq_len
         self.start, self.stop = _rank_block(len(dataset), rank, world_size)
 
-    def __len__(self) -> int:
+    @property
+    def num_rows(self) -> int:
+        """Rows this rank reads (no ``__len__``: Lightning would misjudge it with workers)."""
         return self.stop - self.start
 
     def _rows(self) -> Callable[[int], dict[str, Any]]:
@@ -239,8 +241,8 @@ def build_train_loader(
 def build_eval_loader(dataset: EvalDocuments, collate_fn: Callable[[list[dict]], dict], options: LoaderOptions) -> DataLoader:
     """The val/test/predict row of the selection table: a plain, never-shuffled ``DataLoader``."""
     options_kwargs = options.kwargs(train=False)
-    if options.num_workers > len(dataset):
-        options_kwargs["num_workers"] = max(0, len(dataset))
+    if options.num_workers > dataset.num_rows:
+        options_kwargs["num_workers"] = dataset.num_rows
         if options_kwargs["num_workers"] == 0:
             options_kwargs.pop("prefetch_factor", None)
             options_kwargs.pop("persistent_workers", None)

@@ -29,9 +29,10 @@ def test_ddp_resume_after_step_k_matches_uninterrupted_run_on_every_rank(corpus_
     for rank_result in full:
         assert rank_result["global_step"] == FINAL_STEP
         assert len(rank_result["batches"]) == FINAL_STEP
-    # The ranks read disjoint data: no row of rank 0 appears in rank 1's batches.
-    rows = [{tuple(row) for batch in r["batches"] for row in batch} for r in full]
-    assert not rows[0] & rows[1]
+    # Within a pass over a source the ranks read disjoint documents.
+    documents = [{(s, e, tuple(t)) for batch in r["documents"] for s, e, t in batch} for r in full]
+    assert documents[0] and documents[1]
+    assert not documents[0] & documents[1]
 
     ckpt = next((tmp_path / "full" / "ckpt").glob(f"*step={CHECKPOINT_STEP}.ckpt"))
     resumed = run_ddp(corpus_dir, tmp_path / "resumed", num_workers, packing, str(ckpt))

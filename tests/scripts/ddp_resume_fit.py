@@ -17,14 +17,30 @@ from lightning_tune_data import LocalDatasetManager, TextDataModule
 from lightning_tune_data.models import TinyCausalLM
 
 
+def documents_of(batch) -> list:
+    """(source, epoch, tokens) of every document in the batch, from rows split at BOS."""
+    provenance = batch["provenance"]
+    out = []
+    for row_index, row in enumerate(batch["input_ids"].tolist()):
+        starts = [i for i, token in enumerate(row) if token == 256]  # ByteTokenizer BOS
+        pieces = [row[a:b] for a, b in zip(starts, starts[1:] + [len(row)])]
+        entries = [i for i, r in enumerate(provenance["row"]) if r == row_index]
+        for entry, piece in zip(entries, pieces):
+            tokens = [t for t in piece if t != 258]  # drop padding
+            out.append([provenance["source"][entry], provenance["epoch"][entry], tokens])
+    return out
+
+
 class Recorder(Callback):
     def __init__(self) -> None:
         self.batches: list[list[list[int]]] = []
         self.sources: list[list[str]] = []
+        self.documents: list[list] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.batches.append(batch["input_ids"].tolist())
         self.sources.append(list(batch["provenance"]["source"]))
+        self.documents.append(documents_of(batch))
 
 
 def main() -> None:
@@ -61,7 +77,7 @@ def main() -> None:
     )
     model = TinyCausalLM(vocab_size=datamodule.vocab_size, max_seq_len=64, d_model=16, n_layers=1, n_heads=2)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-    out = {"batches": recorder.batches, "sources": recorder.sources, "global_step": trainer.global_step}
+    out = {"batches": recorder.batches, "sources": recorder.sources, "documents": recorder.documents, "global_step": trainer.global_step}
     (run_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(out))
     torch.distributed.barrier() if torch.distributed.is_initialized() else None
 

@@ -7,10 +7,41 @@ given by ``class_path`` (e.g. ``lightning_tune_data.models.TinyCausalLM``). The 
 
 from __future__ import annotations
 
+import yaml
+from jsonargparse import get_loader, set_loader
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from .datamodule import TextDataModule
+
+
+class _DuplicateKeyChecker(yaml.SafeLoader):
+    """A YAML loader that refuses duplicate mapping keys (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None,
+                    f"duplicate key {key!r} (first at line {seen[key] + 1}); names such as dataloader names "
+                    "must be unique: rename one of them",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _strict_yaml_loader(default_loader):  # noqa: ANN001, ANN202 - jsonargparse's loader callable
+    def load(text: str):  # noqa: ANN202
+        yaml.load(text, Loader=_DuplicateKeyChecker)  # raises on duplicates; parsing itself stays jsonargparse's
+        return default_loader(text)
+
+    return load
+
+
+set_loader("yaml", _strict_yaml_loader(get_loader("yaml")), exceptions=(yaml.YAMLError,))
 
 
 class TuneDataCLI(LightningCLI):

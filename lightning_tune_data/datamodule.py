@@ -66,6 +66,37 @@ SPLITS_FOR_STAGE = {"fit": ("train", "val"), "validate": ("val",), "test": ("tes
 STATE_VERSION = 1
 
 
+def default_source_name(manager: Any) -> str:
+    """Name of a manager given in list form: the first data file's stem, else the dataset's name."""
+    if isinstance(manager, UnconditionalGenerationDatasetManager):
+        return "unconditional"
+    if getattr(manager, "source_name", None):
+        return manager.source_name
+    files = manager.data_files
+    if isinstance(files, dict):
+        files = next(iter(files.values()), None)
+    if isinstance(files, (list, tuple)):
+        files = files[0] if files else None
+    if files:
+        return Path(str(files)).stem
+    parts = [str(manager.path).rstrip("/").split("/")[-1], manager.name]
+    return "_".join(p for p in parts if p)
+
+
+def _named(split: str, managers: Any) -> Any:
+    """Normalise seed 002's list form (``train: [manager, ...]``) to ``{name: manager}``."""
+    if not isinstance(managers, (list, tuple)):
+        return managers
+    names = [default_source_name(m) if isinstance(m, DatasetManager) else repr(m) for m in managers]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(
+            f"TextDataModule.dataset_managers.{split}: duplicate source names {duplicates} (derived from the "
+            f"data files / dataset names of {names}). Use the mapping form {{name: manager}} to name them."
+        )
+    return dict(zip(names, managers))
+
+
 def default_cache_dir() -> Path:
     """``$LIGHTNING_TUNE_DATA_CACHE`` or ``~/.cache/lightning_tune_data``."""
     env = os.environ.get("LIGHTNING_TUNE_DATA_CACHE")
@@ -78,7 +109,9 @@ class TextDataModule(LightningDataModule):
     Args:
         dataset_managers: ``{split: {name: manager}}`` with split in train|val|test|predict.
             Train managers are interleaved by their ``weight``; their names are the per-source
-            metric namespaces. Each val/test/predict manager becomes one named dataloader.
+            metric namespaces. Each val/test/predict manager becomes one named dataloader. A split
+            may also be a list of managers (seed 002's form); they are then named after their first
+            data file's stem (or dataset name), and duplicates are an error.
         tokenizer: the tokenizer used by preprocessing and padding (default ``ByteTokenizer``).
         max_seq_len: longest sequence (tokens) a batch row may hold.
         batch_size: train batch size (rows; packs when packing).
@@ -104,7 +137,7 @@ class TextDataModule(LightningDataModule):
 
     def __init__(
         self,
-        dataset_managers: dict[str, dict[str, DatasetManager]],
+        dataset_managers: dict[str, dict[str, DatasetManager] | list[DatasetManager]],
         tokenizer: Tokenizer | None = None,
         max_seq_len: int = 512,
         batch_size: int = 8,
@@ -140,9 +173,13 @@ class TextDataModule(LightningDataModule):
         self.pad_to_multiple_of = pad_to_multiple_of
         self.eval_num_workers = num_workers if eval_num_workers is None else eval_num_workers
         self.train_stream_name = train_stream_name
-        self.dataset_managers = dataset_managers
+        self.dataset_managers = (
+            {split: _named(split, managers) for split, managers in dataset_managers.items()}
+            if isinstance(dataset_managers, dict)
+            else dataset_managers
+        )
         self._validate_config()
-        for managers in dataset_managers.values():
+        for managers in self.dataset_managers.values():
             for name, manager in managers.items():
                 manager.source_name = name  # errors then name the source as the config does
         self.train_options = LoaderOptions(batch_size, num_workers, pin_memory, prefetch_factor, persistent_workers)

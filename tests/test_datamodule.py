@@ -176,3 +176,40 @@ def test_predict_with_unconditional_prompts_yields_bos_only_rows(corpus_dir, tmp
     assert sum(b["input_ids"].shape[0] for b in batches) == 6
     assert all((b["input_ids"][:, 0] == ByteTokenizer.bos_id).all() for b in batches)
     assert datamodule.dataloader_names["predict"] == ["unconditional"]
+
+
+def test_list_form_of_weighted_sources_is_named_after_the_files(corpus_dir):
+    datamodule = TextDataModule(
+        dataset_managers={
+            "train": [
+                LocalDatasetManager(data_files=str(corpus_dir / "a.jsonl"), weight=0.8),
+                LocalDatasetManager(data_files=str(corpus_dir / "b.jsonl"), weight=0.2),
+            ]
+        },
+        multidataset_stopping_strategy="first_exhausted",
+    )
+    assert list(datamodule.dataset_managers["train"]) == ["a", "b"]
+    assert datamodule.train_source_weights == {"a": 0.8, "b": 0.2}
+
+
+def test_list_form_with_duplicate_names_lists_them(corpus_dir):
+    same = str(corpus_dir / "a.jsonl")
+    with pytest.raises(ValueError, match=r"duplicate source names \['a'\]"):
+        TextDataModule(dataset_managers={"train": [LocalDatasetManager(data_files=same), LocalDatasetManager(data_files=same)]})
+
+
+def test_finite_first_exhausted_mix_ends_the_epoch(corpus_dir, tmp_path):
+    config = managers(corpus_dir)
+    datamodule = ready(
+        TextDataModule(dataset_managers=config, cache_dir=str(tmp_path), batch_size=4, multidataset_stopping_strategy="first_exhausted")
+    )
+    batches = list(datamodule.train_dataloader())
+    counts = {"a": 0, "b": 0}
+    for batch in batches:
+        for source in batch["provenance"]["source"]:
+            counts[source] += 1
+    assert counts["a"] <= 61 and counts["b"] <= 47
+    # The stream stopped because one source ran out: that source is complete up to the at most
+    # batch_size - 1 documents that drop_last removed from the final partial batch.
+    assert counts["a"] >= 61 - 3 or counts["b"] >= 47 - 3
+    assert 0 < len(batches) < (61 + 47) // 4

@@ -216,11 +216,13 @@ def build_cache_atomically(
     build: Callable[[Path], None],
     metadata: Mapping[str, Any],
     lock_timeout: float = -1,
+    verify: Callable[[Path], str | None] | None = None,
 ) -> Path:
     """Return a valid cache at ``final_dir``, building it with ``build`` if needed.
 
     Under ``FileLock(<final_dir>.lock)``: if a valid cache with matching ``metadata`` exists it is
-    returned untouched (``build`` is not called). Otherwise leftover temporary directories of
+    returned untouched (``build`` is not called), unless ``verify`` reports it corrupt: then it is
+    removed with a warning and rebuilt. Otherwise leftover temporary directories of
     killed builds are removed, an invalid ``final_dir`` is removed with a warning, ``build`` fills a
     fresh temporary directory beside ``final_dir``, the completion marker is written last, the tree
     is fsynced and renamed into place.
@@ -230,6 +232,8 @@ def build_cache_atomically(
         build: Called with an empty temporary directory to fill.
         metadata: JSON-like metadata stored in the marker and required to match on reuse.
         lock_timeout: Seconds to wait for the lock (``-1``: forever).
+        verify: Optional check of a complete cache's files: returns ``None`` when it is intact,
+            else what is wrong (e.g. a truncated Arrow file).
 
     Returns:
         ``final_dir`` as a ``Path``.
@@ -240,25 +244,25 @@ def build_cache_atomically(
     metadata = dict(metadata)
     canonical_json(metadata)  # fail before building if the metadata cannot be serialised
     with FileLock(str(final_dir) + ".lock", timeout=lock_timeout):
+        corrupt = None
         if is_valid_cache(final_dir, metadata):
-            log.info("Using cache %s", final_dir)
-            return final_dir
+            corrupt = verify(final_dir) if verify is not None else None
+            if corrupt is None:
+                log.info("Using cache %s", final_dir)
+                return final_dir
         for stale in parent.glob(_temp_prefix(final_dir) + "*"):
             # We hold the lock, so no live process is building into these: they are leftovers
             # of a build that was killed.
             log.info("Removing leftover temporary cache %s of an interrupted build", stale)
             shutil.rmtree(stale, ignore_errors=True)
         if final_dir.exists() or final_dir.is_symlink():
-            reason = (
-                "metadata mismatch"
-                if read_cache_metadata(final_dir) is not None
-                else f"no valid {COMPLETE_MARKER} marker"
-            )
-            warnings.warn(
-                f"Removing invalid cache {final_dir} ({reason}: left by an interrupted or "
-                f"incompatible build); rebuilding it.",
-                stacklevel=2,
-            )
+            if corrupt is not None:
+                reason = f"corrupt: {corrupt}"
+            elif read_cache_metadata(final_dir) is not None:
+                reason = "metadata mismatch: left by an incompatible build"
+            else:
+                reason = f"no valid {COMPLETE_MARKER} marker: left by an interrupted build"
+            warnings.warn(f"Removing invalid cache {final_dir} ({reason}); rebuilding it.", stacklevel=2)
             if final_dir.is_dir() and not final_dir.is_symlink():
                 shutil.rmtree(final_dir)
             else:

@@ -161,7 +161,7 @@ class TextDataModule(LightningDataModule):
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.max_seq_len = max_seq_len
         self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
+        self.eval_batch_size = batch_size if eval_batch_size is None else eval_batch_size
         self.num_workers = num_workers
         self.seed = seed
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
@@ -326,6 +326,13 @@ class TextDataModule(LightningDataModule):
                                       overlong=self.overlong)
                 )
                 continue
+            shards = world_size * max(1, self.num_workers)
+            if 0 < len(data) < shards:  # fail before any dataloader worker starts (0 rows: ArrowSource says so)
+                raise ValueError(
+                    f"Train source '{name}' has {len(data)} rows, fewer than its {shards} shards (world_size="
+                    f"{world_size} x num_workers={self.num_workers}): some workers would get no data. Lower "
+                    "num_workers or add data."
+                )
             sources.append(
                 ArrowSource(data, dataset_name=name, seed=self.seed, shuffle=manager.shuffle, rank=rank,
                             world_size=world_size, num_passes=num_passes, max_error_count=manager.max_error_count,
@@ -366,6 +373,12 @@ class TextDataModule(LightningDataModule):
             loader.restore(own["loader"], own["batches_consumed"])
             self._batches_consumed = own["batches_consumed"]
             self._pending_state = None
+        elif self._train_loader is None and getattr(getattr(self, "trainer", None), "ckpt_path", None):
+            rank_zero_warn(
+                f"Resuming from {self.trainer.ckpt_path}, which holds no {type(self).__name__} data state (written "
+                "by another datamodule, or before the train loader existed): the train data starts from the "
+                "beginning, so the batches differ from an uninterrupted run's."
+            )
         self._train_loader = loader
         return loader
 

@@ -19,17 +19,20 @@ from __future__ import annotations
 
 import glob
 import inspect
+import json
 import logging
 import os
 import re
 import shutil
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import datasets
 import numpy as np
+import pyarrow as pa
 from torch.utils.data import Dataset as TorchDataset
 
 from lightning_tune_data import cache
@@ -67,6 +70,10 @@ _OUTPUT_FEATURES = {
     "loss_mask": datasets.List(datasets.Value("bool")),
 }
 _PROBE_ROWS = 8
+#: Column that tags rows whose preprocessing failed (only with ``max_error_count > 0``).
+_ERROR_COLUMN = "_preprocess_error"
+#: Written into a finished cache: row count, skipped rows and the size of every file.
+CACHE_MANIFEST = "_manifest.json"
 
 
 class DataSourceError(ValueError):
@@ -113,6 +120,27 @@ def _validate_stages(stages: Sequence[str] | None, owner: str) -> list[str]:
     return list(dict.fromkeys(stages))
 
 
+def _causes(error: BaseException, limit: int = 4) -> str:
+    """`` (caused by A: ...; B: ...)`` from an exception's chain (the root cause names the problem)."""
+    parts: list[str] = []
+    cause = error.__cause__ or error.__context__
+    while cause is not None and len(parts) < limit:
+        text = " ".join(str(cause).split())[:300]
+        parts.append(f"{type(cause).__name__}: {text}" if text else type(cause).__name__)
+        cause = cause.__cause__ or cause.__context__
+    return f" (caused by {'; '.join(parts)})" if parts else ""
+
+
+def _first_invalid_row(chunk: pa.Array) -> int:
+    """Position of the first element of ``chunk`` that fails full Arrow validation."""
+    for position in range(len(chunk)):
+        try:
+            chunk.slice(position, 1).validate(full=True)
+        except pa.ArrowInvalid:
+            return position
+    return 0
+
+
 def _safe_name(text: str, limit: int = 80) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._-")[:limit] or "source"
 
@@ -127,6 +155,7 @@ class _PreprocessRunner:
         tokenizer: Tokenizer,
         kwargs: Mapping[str, Any],
         description: str,
+        max_error_count: int = 0,
     ) -> None:
         self.fn = fn
         self.fn_label = fn_label
@@ -134,6 +163,13 @@ class _PreprocessRunner:
         self.kwargs = dict(kwargs)
         self.description = description
         self.has_loss_mask: bool | None = None  # fixed by the probe batch
+        # With a budget, failing rows are not raised but tagged in _ERROR_COLUMN (one placeholder
+        # row each); the manager counts the tags over the whole dataset after the map (so the
+        # count is exact with num_proc) and drops them. This process stops early once its own
+        # count alone exceeds the budget.
+        self.max_error_count = max_error_count
+        self.local_errors = 0
+        self.first_error: str | None = None
 
     def _kwarg_naming(self, column: str) -> str | None:
         try:
@@ -167,22 +203,75 @@ class _PreprocessRunner:
             raise PreprocessError(
                 self._missing_column(error.column, list(examples), error.kwarg)
             ) from error
-        except RowError as error:
-            index = indices[error.row] if 0 <= error.row < len(indices) else error.row
-            raise PreprocessError(
-                f"{self.description}: row {index}, column '{error.column}': {error.problem} "
-                f"(preprocess_function {self.fn_label}). Fix or drop that row in the data."
-            ) from error
         except KeyError as error:
             key = error.args[0] if error.args else None
             if isinstance(key, str) and key not in examples:
                 raise PreprocessError(
                     self._missing_column(key, list(examples), None)
                 ) from error
+            if self.max_error_count:
+                return self._row_by_row(examples, indices)
             raise self._failure(rows, error) from error
         except Exception as error:  # noqa: BLE001 - reported with source, rows and traceback
+            if self.max_error_count:
+                return self._row_by_row(examples, indices)
+            if isinstance(error, RowError):
+                raise PreprocessError(self._row_error(error, indices)) from error
             raise self._failure(rows, error) from error
-        return self._check(output, rows)
+        result = self._check(output, rows)
+        if self.max_error_count:
+            result[_ERROR_COLUMN] = [None] * len(result["input_ids"])
+        return result
+
+    def _row_error(self, error: RowError, indices: list[int]) -> str:
+        index = indices[error.row] if 0 <= error.row < len(indices) else error.row
+        return (
+            f"{self.description}: row {index}, column '{error.column}': {error.problem} "
+            f"(preprocess_function {self.fn_label}). Fix or drop that row in the data."
+        )
+
+    def _row_by_row(self, examples: dict[str, list], indices: list[int]) -> dict[str, list]:
+        """Re-run a failed batch one row at a time; tag the rows that fail (error budget mode)."""
+        num_rows = len(next(iter(examples.values()))) if examples else 0
+        merged: dict[str, list] = {"input_ids": [], _ERROR_COLUMN: []}
+        if self.has_loss_mask:
+            merged["loss_mask"] = []
+        for position in range(num_rows):
+            index = indices[position] if position < len(indices) else position
+            one_row = {key: values[position : position + 1] for key, values in examples.items()}
+            try:
+                output = self.fn(one_row, self.tokenizer, **self.kwargs)
+            except MissingColumnError as error:
+                raise PreprocessError(
+                    self._missing_column(error.column, list(examples), error.kwarg)
+                ) from error
+            except Exception as error:  # noqa: BLE001 - counted against max_error_count
+                if isinstance(error, RowError):
+                    error.row = position  # within this batch; _row_error maps it to the dataset
+                    trace = "".join(traceback.format_exception(error)).rstrip()
+                    message = f"{self._row_error(error, indices)}\n{trace}"
+                else:
+                    message = str(self._failure(f"row {index}", error))
+                self.local_errors += 1
+                if self.local_errors > self.max_error_count:
+                    raise PreprocessError(
+                        f"{self.description}: more than max_error_count={self.max_error_count} rows "
+                        f"failed preprocessing. First failure: {self.first_error or message}"
+                    ) from error
+                self.first_error = self.first_error or message
+                merged["input_ids"].append([])
+                if "loss_mask" in merged:
+                    merged["loss_mask"].append([])
+                merged[_ERROR_COLUMN].append(message)
+                continue
+            result = self._check(output, f"row {index}")
+            if "loss_mask" in result and "loss_mask" not in merged:
+                merged["loss_mask"] = [[] for _ in merged["input_ids"]]
+            merged["input_ids"].extend(result["input_ids"])
+            if "loss_mask" in merged:
+                merged["loss_mask"].extend(result.get("loss_mask", []))
+            merged[_ERROR_COLUMN].extend([None] * len(result["input_ids"]))
+        return merged
 
     def _failure(self, rows: str, error: BaseException) -> PreprocessError:
         trace = "".join(traceback.format_exception(error)).rstrip()
@@ -498,10 +587,12 @@ class DatasetManager:
                 **kwargs,
             )
         except Exception as error:  # noqa: BLE001 - re-raised with the source named
+            problems = self._data_file_problems()
+            found = f" Problems found in the data files: {'; '.join(problems)}." if problems else ""
             raise DataSourceError(
                 f"{self.source_description}: datasets.load_dataset failed: "
-                f"{type(error).__name__}: {error}. Check path/name/split/data_files (and the "
-                f"network or HF_HUB_OFFLINE for hub datasets)."
+                f"{type(error).__name__}: {error}{_causes(error)}.{found} Check path/name/split/"
+                f"data_files (and the network or HF_HUB_OFFLINE for hub datasets)."
             ) from error
         if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
             raise DataSourceError(
@@ -510,12 +601,93 @@ class DatasetManager:
             )
         return dataset
 
-    def _runner(self, tokenizer: Tokenizer) -> _PreprocessRunner:
+    def _runner(self, tokenizer: Tokenizer, max_error_count: int = 0) -> _PreprocessRunner:
         fn = self.preprocess_fn
         assert fn is not None
         return _PreprocessRunner(
-            fn, self._preprocess_label(), tokenizer, self.preprocess_kwargs, self.source_description
+            fn, self._preprocess_label(), tokenizer, self.preprocess_kwargs, self.source_description,
+            max_error_count=max_error_count,
         )
+
+    def _local_data_files(self) -> list[str]:
+        """The data files that are local paths (remote URLs and hub files are left out)."""
+        files = self._load_data_files()
+        if files is None:
+            return []
+        if isinstance(files, Mapping):
+            files = files.get(self.split, []) if self.split in files else list(files.values())
+        flat: list[str] = []
+        for entry in [files] if isinstance(files, str) else list(files):
+            flat.extend([entry] if isinstance(entry, (str, os.PathLike)) else list(entry))
+        return [os.fspath(f) for f in flat if os.path.isfile(os.fspath(f))]
+
+    def _data_file_problems(self, limit: int = 5) -> list[str]:
+        """Name what is wrong with the local data files: empty, not UTF-8, malformed JSON lines,
+        columns that differ between files. Only run when loading or checking failed (it reads
+        every file once)."""
+        builder = self.path if self.path in ("json", "csv", "text") else None
+        problems: list[str] = []
+        columns: dict[str, list[str]] = {}
+        for path in self._local_data_files():
+            if len(problems) >= limit:
+                break
+            if os.path.getsize(path) == 0:
+                problems.append(f"{path} is empty (0 bytes)")
+                continue
+            if builder is None:
+                continue
+            with open(path, "rb") as handle:
+                json_lines = builder == "json" and not handle.read(64).lstrip().startswith(b"[")
+                handle.seek(0)
+                for number, raw in enumerate(handle, 1):
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError as error:
+                        problems.append(
+                            f"{path} line {number}: not valid UTF-8 (byte {raw[error.start]:#04x} at "
+                            f"column {error.start + 1}); re-encode the file as UTF-8"
+                        )
+                        break
+                    if builder == "csv" and number == 1:
+                        delimiter = self.load_kwargs.get("delimiter", self.load_kwargs.get("sep", ","))
+                        columns[path] = [c.strip() for c in line.rstrip("\r\n").split(delimiter)]
+                    if not json_lines or not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except ValueError as error:
+                        problems.append(f"{path} line {number}: not valid JSON ({error})")
+                        break
+                    if not isinstance(record, dict):
+                        problems.append(
+                            f"{path} line {number}: expected a JSON object per line, got "
+                            f"{type(record).__name__}"
+                        )
+                        break
+                    columns.setdefault(path, sorted(record))
+        if len({tuple(c) for c in columns.values()}) > 1:
+            listed = "; ".join(f"{os.path.basename(p)}: {c}" for p, c in columns.items())
+            problems.append(f"the files have different columns ({listed})")
+        return problems[:limit]
+
+    def _check_input_table(self, dataset: datasets.Dataset) -> None:
+        """Fail, naming row, column and file, on raw data Arrow cannot read (e.g. invalid UTF-8)."""
+        table = dataset.data.table
+        for name in table.column_names:
+            offset = 0
+            for chunk in table.column(name).chunks:
+                try:
+                    chunk.validate(full=True)
+                except pa.ArrowInvalid as error:
+                    row = offset + _first_invalid_row(chunk)
+                    problems = self._data_file_problems()
+                    found = f" Problems found in the data files: {'; '.join(problems)}." if problems else ""
+                    raise PreprocessError(
+                        f"{self.source_description}: row {row}, column '{name}' holds data that is "
+                        f"not valid ({error}), e.g. text that is not UTF-8.{found} Fix the data "
+                        f"(re-encode the file as UTF-8) and run prepare_data again."
+                    ) from error
+                offset += len(chunk)
 
     def _removed_columns(self, columns: list[str]) -> list[str]:
         if self.columns_to_remove is None:
@@ -543,17 +715,21 @@ class DatasetManager:
         columns = list(dataset.column_names)
         if self.preprocess_function is None:
             return self._pretokenized(dataset, columns)
-        runner = self._runner(tokenizer)
+        self._check_input_table(dataset)
+        runner = self._runner(tokenizer, self.max_error_count)
         removed = self._removed_columns(columns)
         if len(dataset) == 0:
             log.warning("%s has no rows", self.source_description)
         else:  # fail fast, in this process, on a small batch
             probe_rows = min(_PROBE_ROWS, len(dataset))
             runner(dataset[:probe_rows], list(range(probe_rows)))
+            runner.local_errors, runner.first_error = 0, None  # the map counts these rows again
         out_columns = ["input_ids"] + (["loss_mask"] if runner.has_loss_mask else [])
         kept = [c for c in columns if c not in removed and c not in out_columns]
+        tagged = {_ERROR_COLUMN: datasets.Value("string")} if self.max_error_count else {}
         features = datasets.Features(
-            {**{c: dataset.features[c] for c in kept}, **{c: _OUTPUT_FEATURES[c] for c in out_columns}}
+            {**{c: dataset.features[c] for c in kept}, **{c: _OUTPUT_FEATURES[c] for c in out_columns},
+             **tagged}
         )
         work_dir.mkdir(parents=True, exist_ok=True)
         mapped = dataset.map(
@@ -568,7 +744,30 @@ class DatasetManager:
             new_fingerprint=fingerprint[:32],  # datasets appends a per-process suffix (max 64)
             desc=f"Tokenizing {self.source_description}",
         )
+        if self.max_error_count:
+            mapped = self._drop_failed_rows(mapped)
         return mapped.select_columns(out_columns)
+
+    def _drop_failed_rows(self, mapped: datasets.Dataset) -> datasets.Dataset:
+        """Count the rows tagged as failed over the whole dataset; raise past the budget, else drop them."""
+        tagged = mapped.data.table.column(_ERROR_COLUMN).is_valid().to_numpy(zero_copy_only=False)
+        failed = np.flatnonzero(tagged)
+        self._skipped_rows = len(failed)
+        if not len(failed):
+            return mapped
+        first = mapped.data.table.column(_ERROR_COLUMN)[int(failed[0])].as_py()
+        if len(failed) > self.max_error_count:
+            raise PreprocessError(
+                f"{self.source_description}: {len(failed)} rows failed preprocessing, more than "
+                f"max_error_count={self.max_error_count}. First failure: {first}"
+            )
+        warnings.warn(
+            f"{self.source_description}: skipped {len(failed)} rows whose preprocessing failed "
+            f"(max_error_count={self.max_error_count}); the cache holds only the other rows. First "
+            f"failure: {first}",
+            stacklevel=2,
+        )
+        return mapped.select(np.flatnonzero(~tagged))
 
     # ---------------------------------------------------------------------------- lifecycle
 
@@ -591,14 +790,59 @@ class DatasetManager:
         final_dir = Path(cache_dir) / f"{self._cache_stem()}-{fingerprint[:16]}"
 
         def build(temp_dir: Path) -> None:
+            for path in self._local_data_files():
+                if os.path.getsize(path) == 0:
+                    warnings.warn(f"{self.source_description}: data file {path} is empty; it adds no rows.",
+                                  stacklevel=2)
             dataset = self._load(cache_dir, streaming=False)
             work_dir = temp_dir / "_work"
+            self._skipped_rows = 0
             processed = self._preprocess(dataset, tokenizer, work_dir, fingerprint)
+            num_rows = len(processed)
+            if num_rows == 0:  # (datasets cannot even reopen a saved 0-row dataset)
+                raise PreprocessError(
+                    f"{self.source_description}: no rows left after preprocessing ({len(dataset)} rows read, "
+                    f"{self._skipped_rows} skipped as failed). Check the data files and what "
+                    f"preprocess_function {self._preprocess_label()} filters out."
+                )
             processed.save_to_disk(str(temp_dir / "dataset"))
             del processed, dataset
             shutil.rmtree(work_dir, ignore_errors=True)
+            files = {
+                p.relative_to(temp_dir).as_posix(): p.stat().st_size
+                for p in sorted((temp_dir / "dataset").rglob("*")) if p.is_file()
+            }
+            manifest = {"num_rows": num_rows, "skipped_rows": self._skipped_rows, "files": files}
+            (temp_dir / CACHE_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
-        return cache.build_cache_atomically(final_dir, build, self._cache_metadata(fingerprint))
+        return cache.build_cache_atomically(
+            final_dir, build, self._cache_metadata(fingerprint), verify=lambda d: self._open_cache(d)[1]
+        )
+
+    def _open_cache(self, final_dir: Path) -> tuple[datasets.Dataset | None, str | None]:
+        """Open a finished cache and check it against its manifest: ``(dataset, None)`` or
+        ``(None, what is wrong)``. Catches truncated, missing or unreadable files and a changed
+        row count (not bit flips that keep every size: the data is not checksummed)."""
+        manifest: dict[str, Any] | None = None
+        try:
+            manifest = json.loads((final_dir / CACHE_MANIFEST).read_text())
+        except FileNotFoundError:
+            pass  # written by an older version: only the opening check below applies
+        except (OSError, ValueError) as error:
+            return None, f"{CACHE_MANIFEST} is unreadable ({error})"
+        for relative, size in (manifest or {}).get("files", {}).items():
+            path = final_dir / relative
+            if not path.is_file():
+                return None, f"{relative} is missing"
+            if path.stat().st_size != size:
+                return None, f"{relative} has {path.stat().st_size} bytes, {size} were written (truncated or overwritten)"
+        try:
+            dataset = datasets.Dataset.load_from_disk(str(final_dir / "dataset"))
+        except Exception as error:  # noqa: BLE001 - any failure to open means a corrupt cache
+            return None, f"the dataset does not open ({type(error).__name__}: {error})"
+        if manifest is not None and len(dataset) != manifest.get("num_rows"):
+            return None, f"it holds {len(dataset)} rows, {manifest.get('num_rows')} were written"
+        return dataset, None
 
     def setup(
         self, tokenizer: Tokenizer, cache_dir: str | Path
@@ -637,7 +881,14 @@ class DatasetManager:
                 f"prepare_data first (TextDataModule.prepare_data / the Trainer does this on local "
                 f"rank 0 before setup) with the same tokenizer and cache_dir.{hint}"
             )
-        return datasets.Dataset.load_from_disk(str(final_dir / "dataset"))
+        dataset, problem = self._open_cache(final_dir)
+        if problem is not None:
+            raise CacheMissingError(
+                f"{self.source_description}: the preprocessed cache at {final_dir} is corrupt "
+                f"({problem}). Run prepare_data again: it removes the corrupt cache with a warning "
+                f"and rebuilds it."
+            )
+        return dataset
 
     def _setup_streaming(self, tokenizer: Tokenizer, cache_dir: str | Path) -> datasets.IterableDataset:
         dataset = self._load(cache_dir, streaming=True)

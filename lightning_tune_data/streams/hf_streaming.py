@@ -67,11 +67,23 @@ one more raises with the first failure's traceback. An exception raised *inside*
 ``datasets`` pipeline (e.g. by the manager's ``.map``) ends the ``datasets`` iterator, so it
 cannot be skipped: it is re-raised with the source name, pass and row. Documents longer than
 ``max_seq_len`` are truncated or dropped (``overlong``) and counted, as in ``ArrowSource``.
+
+Network failures: ``datasets`` 5.2 itself retries a failed *read* of an open remote file
+(``datasets.config.STREAMING_READ_MAX_RETRIES`` = 20 times, ``STREAMING_READ_RETRY_INTERVAL`` =
+5 s apart) but not an HTTP error status when a file is *opened* (measured: one 503 ends the
+iteration). On top of that, an ``OSError`` (``ConnectionError``, ``TimeoutError``, ...) or
+``aiohttp.ClientError`` raised by the stream makes this source re-open the stream at the
+state of the last row group it consumed and go on, up to ``max_retries`` times in a row with
+exponential backoff (``retry_backoff_s``, doubled each time, at most 60 s); then it raises an
+error naming the source and its data files/URLs. Rows are neither lost nor repeated by a retry.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
+import sys
+import time
 import traceback
 from collections.abc import Iterator
 from typing import Any
@@ -84,6 +96,11 @@ from .arrow_source import OVERLONG_POLICIES, _name_key
 from .base import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, TuneIterableDataset
 
 __all__ = ["HFStreamingSource"]
+
+log = logging.getLogger(__name__)
+
+#: Longest wait between two attempts to re-open a failing stream.
+_MAX_BACKOFF_S = 60.0
 
 # State keys (same style as ArrowSource).
 _EPOCH = "epoch"
@@ -107,6 +124,42 @@ _DRAW_BLOCK = 1024
 
 #: A buffered document: token ids (int64) and an optional bool loss mask.
 _Document = tuple[np.ndarray, "np.ndarray | None"]
+
+
+def _is_transient(error: BaseException) -> bool:
+    """Whether ``error`` (or an exception it was raised from) looks like a network/I-O failure."""
+    aiohttp = sys.modules.get("aiohttp")
+    kinds: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+    if aiohttp is not None:
+        kinds += (aiohttp.ClientError,)
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, kinds):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+def _stream_files(dataset: Any, limit: int = 3) -> str:
+    """The data files / URLs a ``datasets`` stream reads (best effort, for messages)."""
+    files: list[str] = []
+    pending = [getattr(dataset, "_ex_iterable", None)]
+    while pending:
+        node = pending.pop()
+        if node is None:
+            continue
+        kwargs = getattr(node, "kwargs", None) or {}
+        for key in ("original_files", "base_files", "files"):
+            value = kwargs.get(key)
+            if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+                files.extend(v for v in value if v not in files)
+                break
+        pending.append(getattr(node, "ex_iterable", None))
+        pending.extend(getattr(node, "ex_iterables", None) or [])
+    if not files:
+        return "unknown files"
+    shown = files[:limit] + ([f"... ({len(files)} files)"] if len(files) > limit else [])
+    return ", ".join(shown)
 
 
 def _uses_hf_shuffle(dataset: Any) -> bool:
@@ -143,6 +196,9 @@ class HFStreamingSource(TuneIterableDataset):
         max_seq_len: with ``overlong``, the policy for documents longer than this.
         overlong: ``"truncate"`` (keep the first ``max_seq_len`` tokens) or ``"drop"``; both are
             counted in the state (``overlong_truncated`` / ``overlong_dropped``).
+        max_retries: how many times in a row a stream failing with a network/I-O error is
+            re-opened at the last consumed row before the error is raised (``0``: never).
+        retry_backoff_s: wait before the first re-open; doubled for each further one.
     """
 
     def __init__(
@@ -158,6 +214,8 @@ class HFStreamingSource(TuneIterableDataset):
         max_error_count: int = 0,
         max_seq_len: int | None = None,
         overlong: str = "truncate",
+        max_retries: int = 3,
+        retry_backoff_s: float = 1.0,
     ) -> None:
         import datasets  # local: keep the package importable without touching `datasets` eagerly
 
@@ -191,6 +249,13 @@ class HFStreamingSource(TuneIterableDataset):
             raise ValueError(f"Source '{dataset_name}': seed must be >= 0, got {seed}.")
         if max_seq_len is not None and max_seq_len < 1:
             raise ValueError(f"Source '{dataset_name}': max_seq_len must be >= 1 or None, got {max_seq_len}.")
+        if max_retries < 0 or retry_backoff_s < 0:
+            raise ValueError(
+                f"Source '{dataset_name}': max_retries and retry_backoff_s must be >= 0, got {max_retries} and "
+                f"{retry_backoff_s}."
+            )
+        self.max_retries = int(max_retries)
+        self.retry_backoff_s = float(retry_backoff_s)
         self._dataset = dataset
         self._name = dataset_name
         self.seed = int(seed)
@@ -375,34 +440,59 @@ class HFStreamingSource(TuneIterableDataset):
                 f"Source '{self._name}': saved position {self._position} is not a multiple of the "
                 f"{shard.num_shards} shards; the state was written with a different sharding."
             )
-        live = copy.deepcopy(self._dataset)  # private copy: its pipeline state is ours alone
-        if self._hf_state is not None:
-            live.load_state_dict(self._hf_state)
-        self._live = live
-        rows = live.iter(batch_size=1)  # unlike iter(live), never splits itself by worker
+        group_state = self._hf_state  # the stream's state at `position` (where a retry restarts)
+        live, rows = self._open(group_state)
+        retries = 0
         while True:
-            own: dict[str, Any] | None = None
-            for offset in range(shard.num_shards):
-                try:
-                    row = next(rows)
-                except StopIteration:
-                    self._live = None
-                    self._hf_state = None
-                    self._stream_done = True
-                    return
-                except Exception as exc:
+            group: list[dict[str, Any]] = []
+            try:
+                while len(group) < shard.num_shards:
+                    group.append(next(rows))
+            except StopIteration:
+                self._live = None
+                self._hf_state = None
+                self._stream_done = True
+                return
+            except Exception as exc:
+                row = self._position + len(group)
+                if not _is_transient(exc):
                     raise RuntimeError(
-                        f"Source '{self._name}': the datasets stream failed at row {self._position + offset} "
-                        f"of pass {self._epoch} ({type(exc).__name__}: {exc}). Errors inside the stream "
+                        f"Source '{self._name}': the datasets stream ({_stream_files(self._dataset)}) failed at "
+                        f"row {row} of pass {self._epoch} ({type(exc).__name__}: {exc}). Errors inside the stream "
                         "(e.g. the preprocess .map) end it and cannot be skipped; fix the preprocess function."
                     ) from exc
-                if offset == shard.shard_id:
-                    own = row
+                if retries >= self.max_retries:
+                    raise RuntimeError(
+                        f"Source '{self._name}': reading the stream from {_stream_files(self._dataset)} failed at "
+                        f"row {row} of pass {self._epoch} with {type(exc).__name__}: {exc}, and kept failing "
+                        f"after {retries} re-opens with backoff (max_retries={self.max_retries}). Check the "
+                        "server/network and the URL, or raise max_retries / retry_backoff_s."
+                    ) from exc
+                delay = min(self.retry_backoff_s * 2**retries, _MAX_BACKOFF_S)
+                retries += 1
+                log.warning(
+                    "Source '%s': reading %s failed at row %d (%s: %s); re-opening at that row in %.2fs "
+                    "[%d/%d].", self._name, _stream_files(self._dataset), row, type(exc).__name__, exc, delay,
+                    retries, self.max_retries,
+                )
+                time.sleep(delay)
+                live, rows = self._open(group_state)
+                continue
+            retries = 0
             index = self._position + shard.shard_id
             self._position += shard.num_shards
-            document = self._read(own, index)
+            group_state = live.state_dict()
+            document = self._read(group[shard.shard_id], index)
             if document is not None:
                 yield document
+
+    def _open(self, state: dict[str, Any] | None) -> tuple[Any, Iterator[dict[str, Any]]]:
+        """A private copy of the stream positioned at ``state`` (``None``: the pass start)."""
+        live = copy.deepcopy(self._dataset)  # private copy: its pipeline state is ours alone
+        if state is not None:
+            live.load_state_dict(state)
+        self._live = live
+        return live, live.iter(batch_size=1)  # unlike iter(live), never splits itself by worker
 
     def _sample(self, document: _Document) -> dict[str, Any]:
         ids, mask = document

@@ -213,8 +213,9 @@ def from_callback(metrics: dict[str, dict]) -> dict[str, dict]:
     return {name: entry["metrics"] for name, entry in metrics.items()}
 
 
-def logged_steps(max_steps: int, log_every: int, first_step: int = 0) -> list[int]:
-    steps = [s for s in range(first_step + 1, max_steps + 1) if s % log_every == 0]
+def logged_steps(max_steps: int, log_every: int) -> list[int]:
+    """Steps the callback logs at: every ``log_every`` steps, and the last step."""
+    steps = [s for s in range(1, max_steps + 1) if s % log_every == 0]
     return steps if steps and steps[-1] == max_steps else [*steps, max_steps]
 
 
@@ -342,8 +343,12 @@ data:
   cache_dir: {small_corpus / "cache"}
   dataset_managers:
     train:
-      a: {{class_path: lightning_tune_data.LocalDatasetManager, init_args: {{data_files: {small_corpus / "a.jsonl"}, weight: 3}}}}
-      b: {{class_path: lightning_tune_data.LocalDatasetManager, init_args: {{data_files: {small_corpus / "b.jsonl"}, weight: 1}}}}
+      a:
+        class_path: lightning_tune_data.LocalDatasetManager
+        init_args: {{data_files: {small_corpus / "a.jsonl"}, weight: 3}}
+      b:
+        class_path: lightning_tune_data.LocalDatasetManager
+        init_args: {{data_files: {small_corpus / "b.jsonl"}, weight: 1}}
 """
     path = tmp_path / "config.yaml"
     path.write_text(config)

@@ -130,6 +130,8 @@ def _padded_length(longest: int, pad_to_multiple_of: int | None) -> int:
 
 def _one_d(owner: str, index: int, key: str, value: Any, integer: bool = True) -> np.ndarray:
     """``value`` as a 1-D (integer) array, or a ValueError naming the sample and the key."""
+    if type(value) is np.ndarray and value.ndim == 1 and (not integer or value.dtype.kind in "iu"):
+        return value  # the common case, checked cheaply (this runs per document on the hot path)
     array = np.asarray(value)
     if array.ndim != 1:
         raise ValueError(
@@ -238,22 +240,29 @@ class PaddedCollator:
         lengths = np.fromiter((ids.shape[0] for ids in ids_list), dtype=np.int64, count=batch_size)
         width = _padded_length(int(lengths.max()), self.pad_to_multiple_of)
 
-        input_ids = np.full((batch_size, width), self.pad_id, dtype=np.int64)
-        labels = np.full((batch_size, width), IGNORE_INDEX, dtype=np.int64)
+        # One tensor holds all four outputs: a batch then crosses from a dataloader worker in one
+        # shared-memory segment instead of four.
+        block = torch.empty((4, batch_size, width), dtype=torch.int64)
+        input_ids, labels, attention_mask, position_ids = block.numpy()
+        input_ids.fill(self.pad_id)
+        labels.fill(IGNORE_INDEX)
         for row, (ids, mask) in enumerate(zip(ids_list, masks)):
             n = ids.shape[0]
             input_ids[row, :n] = ids
-            labels[row, :n] = shifted_labels(ids, mask)
+            targets = labels[row, : max(n - 1, 0)]  # the same values as shifted_labels(ids, mask)
+            targets[:] = ids[1:]
+            if mask is not None:
+                targets[~mask[1:]] = IGNORE_INDEX
         columns = np.arange(width, dtype=np.int64)
         real = columns[None, :] < lengths[:, None]
-        attention_mask = real.astype(np.int64)
-        position_ids = np.where(real, columns[None, :], 0)
+        attention_mask[:] = real
+        np.multiply(real, columns[None, :], out=position_ids)
 
         return {
-            INPUT_IDS: torch.from_numpy(input_ids),
-            LABELS: torch.from_numpy(labels),
-            ATTENTION_MASK: torch.from_numpy(attention_mask),
-            POSITION_IDS: torch.from_numpy(position_ids),
+            INPUT_IDS: block[0],
+            LABELS: block[1],
+            ATTENTION_MASK: block[2],
+            POSITION_IDS: block[3],
             PROVENANCE: {
                 SOURCE: sources,
                 EPOCH: epochs,
@@ -379,7 +388,12 @@ class PackedCollator:
         max_documents = max(len(v[1]) for v in validated)
 
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
-        outputs = [np.full((batch_size, width), fill, dtype=np.int64) for fill in fills]
+        # One tensor holds every [B, L] output (one shared-memory segment per batch from a worker).
+        block = torch.empty((len(fills) + 1, batch_size, width), dtype=torch.int64)
+        views = block.numpy()
+        outputs = list(views[: len(fills)])
+        for output, fill in zip(outputs, fills):
+            output.fill(fill)
         seq_lens = np.zeros((batch_size, max_documents), dtype=np.int64)
         provenance: dict[str, list[Any]] = {
             SOURCE: [], EPOCH: [], TOKENS: [], ROW: [], NEW_DOCUMENT: []
@@ -396,12 +410,10 @@ class PackedCollator:
                 provenance[ROW].append(row)
                 provenance[NEW_DOCUMENT].append(bool(document[NEW_DOCUMENT]))
         columns = np.arange(width, dtype=np.int64)
-        attention_mask = (columns[None, :] < lengths[:, None]).astype(np.int64)
+        views[len(fills)][:] = columns[None, :] < lengths[:, None]
 
-        batch: dict[str, Any] = {
-            key: torch.from_numpy(output) for key, output in zip(self._ARRAY_KEYS, outputs)
-        }
-        batch[ATTENTION_MASK] = torch.from_numpy(attention_mask)
+        batch: dict[str, Any] = {key: block[i] for i, key in enumerate(self._ARRAY_KEYS)}
+        batch[ATTENTION_MASK] = block[len(fills)]
         batch[SEQ_LENS] = torch.from_numpy(seq_lens)
         batch[PROVENANCE] = provenance
         return batch

@@ -275,13 +275,15 @@ def test_state_holds_buffered_tokens_as_tensors_and_counters(strategy):
     own = packer.state_dict()["packed_interleaved"]
     assert own["counters"]["packs"] == 10
     assert set(own["child"]) == {"interleaved"}
-    held = own["open"] + own["ready"]
-    assert held  # some tokens wait in the buffer
-    for pack in held:
-        assert isinstance(pack["input_ids"], torch.Tensor) and pack["input_ids"].dtype == torch.int64
-        assert sum(pack["seq_lens"]) == len(pack["input_ids"]) == len(pack["labels"])
+    packs = own["packs"]
+    assert packs["pack_pieces"]  # some tokens wait in the buffer
+    # Two flat tensors for the whole buffer (each tensor costs a shared-memory segment per batch).
+    tensors = [value for value in packs.values() if isinstance(value, torch.Tensor)]
+    assert len(tensors) == 2 and all(t.dtype == torch.int32 for t in tensors)
+    assert sum(packs["seq_lens"]) == len(packs["input_ids"]) == len(packs["labels"])
+    assert sum(packs["pack_pieces"]) == len(packs["seq_lens"]) == len(packs["sources"])
     if strategy == "best_fit":
-        assert len(own["open"]) <= 8
+        assert own["num_open"] <= 8
 
 
 def test_loading_a_state_with_other_packing_settings_is_a_clear_error():

@@ -83,30 +83,6 @@ class _Pack:
         self.pieces.append(piece)
         self.length += len(piece)
 
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "input_ids": torch.from_numpy(np.concatenate([p.input_ids for p in self.pieces])),
-            "labels": torch.from_numpy(np.concatenate([p.labels for p in self.pieces])),
-            "seq_lens": [len(p) for p in self.pieces],
-            "sources": [p.source for p in self.pieces],
-            "epochs": [p.epoch for p in self.pieces],
-            "new_document": [p.new_document for p in self.pieces],
-        }
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> _Pack:
-        ids = np.asarray(state["input_ids"], dtype=np.int64)
-        labels = np.asarray(state["labels"], dtype=np.int64)
-        pack, start = cls(), 0
-        for n, source, epoch, new in zip(
-            state["seq_lens"], state["sources"], state["epochs"], state["new_document"]
-        ):
-            n = int(n)
-            pack.add(_Piece(ids[start : start + n].copy(), labels[start : start + n].copy(),
-                            source, int(epoch), bool(new)))
-            start += n
-        return pack
-
     def to_sample(self) -> dict[str, Any]:
         lens = [len(p) for p in self.pieces]
         return {
@@ -120,6 +96,46 @@ class _Pack:
                 for p in self.pieces
             ],
         }
+
+
+def _packs_to_state(packs: list[_Pack]) -> dict[str, Any]:
+    """All packs' tokens as two flat int32 tensors plus plain lists.
+
+    A state travels from every dataloader worker with every batch, and each tensor costs a
+    shared-memory segment: two flat tensors instead of two per pack keep that cheap.
+    """
+    pieces = [piece for pack in packs for piece in pack.pieces]
+
+    def flat(arrays: list[np.ndarray]) -> torch.Tensor:
+        if not arrays:
+            return torch.empty(0, dtype=torch.int32)
+        return torch.from_numpy(np.concatenate(arrays).astype(np.int32, copy=False))
+
+    return {
+        "pack_pieces": [len(pack.pieces) for pack in packs],
+        "input_ids": flat([p.input_ids for p in pieces]),
+        "labels": flat([p.labels for p in pieces]),
+        "seq_lens": [len(p) for p in pieces],
+        "sources": [p.source for p in pieces],
+        "epochs": [p.epoch for p in pieces],
+        "new_document": [p.new_document for p in pieces],
+    }
+
+
+def _packs_from_state(state: dict[str, Any]) -> list[_Pack]:
+    ids = np.asarray(state["input_ids"], dtype=np.int64)
+    labels = np.asarray(state["labels"], dtype=np.int64)
+    pieces = zip(state["seq_lens"], state["sources"], state["epochs"], state["new_document"])
+    packs, start = [], 0
+    for count in state["pack_pieces"]:
+        pack = _Pack()
+        for _ in range(int(count)):
+            n, source, epoch, new = next(pieces)
+            n = int(n)
+            pack.add(_Piece(ids[start : start + n], labels[start : start + n], source, int(epoch), bool(new)))
+            start += n
+        packs.append(pack)
+    return packs
 
 
 def document_labels(input_ids: np.ndarray, loss_mask: np.ndarray | None) -> np.ndarray:
@@ -325,8 +341,8 @@ class IterablePackedDataset(TuneIterableDataset):
                 "strategy": self._strategy,
                 "max_seq_len": self._max_seq_len,
                 "counters": dict(self._counters),
-                "open": [p.to_state() for p in self._open],
-                "ready": [p.to_state() for p in self._ready],
+                "num_open": len(self._open),
+                "packs": _packs_to_state(self._open + list(self._ready)),
                 "child_exhausted": self._child_exhausted,
                 "finished": self._finished,
                 "child": self._child.state_dict(),
@@ -344,7 +360,8 @@ class IterablePackedDataset(TuneIterableDataset):
             )
         self._child.load_state_dict(own["child"])
         self._counters = {k: int(v) for k, v in own["counters"].items()}
-        self._open = [_Pack.from_state(p) for p in own["open"]]
-        self._ready = collections.deque(_Pack.from_state(p) for p in own["ready"])
+        packs = _packs_from_state(own["packs"])
+        self._open = packs[: own["num_open"]]
+        self._ready = collections.deque(packs[own["num_open"] :])
         self._child_exhausted = bool(own["child_exhausted"])
         self._finished = bool(own["finished"])

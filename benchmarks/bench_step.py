@@ -53,7 +53,7 @@ def _fit(ctx, num_workers: int) -> tuple[float, float, float, float]:
                          max_seq_len=MAX_SEQ_LEN)
     model = TinyCausalLM(vocab_size=dm.vocab_size, max_seq_len=MAX_SEQ_LEN, d_model=64, n_layers=2, n_heads=4)
     timer = StepTimer()
-    profiler = SimpleProfiler()
+    profiler = SimpleProfiler(dirpath=str(ctx.data_dir / "scratch"), filename=f"fit-profile-workers{num_workers}")
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=ctx.fit_steps, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer], profiler=profiler)
@@ -82,8 +82,9 @@ def run(ctx) -> list[Result]:
         target = "< 5% of step" if nw == 2 else ""
         results.append(Result("6 fit step", config, "data wait (callback gap)", gap, "s", "step time (start to start)",
                               period, target, (gap / period < 0.05) if nw == 2 else None,
-                              note=f"median step {1000 * median_step:.0f} ms"))
+                              note=f"{100 * gap / period:.1f}% of the step; median step {1000 * median_step:.0f} ms"))
         results.append(Result("6 fit step", config, "data wait (SimpleProfiler train_dataloader_next)", data_next, "s",
                               "step time (start to start)", period, target,
-                              (data_next / period < 0.05) if nw == 2 else None))
+                              (data_next / period < 0.05) if nw == 2 else None,
+                              note=f"{100 * data_next / period:.1f}% of the step"))
     return results

@@ -1,0 +1,194 @@
+"""Run the benchmark suite and write ``benchmarks/results/latest.{md,csv}``.
+
+Usage (from the repository root)::
+
+    python benchmarks/run_all.py            # full suite (~10 min on 2 CPU cores)
+    python benchmarks/run_all.py --quick    # smoke run with small sizes (~2 min), writes latest-quick.*
+    python benchmarks/run_all.py --only throughput,resume
+
+Every figure is printed next to its baseline, measured in the same run, and their ratio. Rates
+are medians of several repeats, and ours and the baselines are measured alternately within each
+repeat, so that load from other processes on a shared machine hits both alike. See
+``benchmarks/README.md`` for what each benchmark measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+from common import RESULTS_DIR, log  # noqa: E402
+
+BENCHMARKS = ["throughput", "resume", "memory", "prepare", "packing", "step"]
+
+
+@dataclasses.dataclass
+class Context:
+    quick: bool
+    data_dir: Path
+    token_docs: int
+    throughput_budget_s: float
+    repeats: int
+    resume_repeats: int
+    memory_samples: int
+    prepare_docs: int
+    prepare_repeats: int
+    packing_docs: int
+    fit_steps: int
+    worker_counts: tuple[int, ...] = (0, 2)
+    token_parquet: Path | None = None
+    token_meta: dict | None = None
+    text_jsonl: Path | None = None
+    text_meta: dict | None = None
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.data_dir / f"cache_{self.token_docs}"
+
+
+def make_context(args: argparse.Namespace) -> Context:
+    if args.quick:
+        ctx = Context(quick=True, data_dir=args.data_dir, token_docs=20_000, throughput_budget_s=0.5, repeats=3,
+                      resume_repeats=3, memory_samples=50_000, prepare_docs=20_000, prepare_repeats=1,
+                      packing_docs=3_000, fit_steps=20)
+    else:
+        ctx = Context(quick=False, data_dir=args.data_dir, token_docs=200_000, throughput_budget_s=2.0, repeats=3,
+                      resume_repeats=5, memory_samples=1_000_000, prepare_docs=200_000, prepare_repeats=3,
+                      packing_docs=20_000, fit_steps=60)
+    for field in ("token_docs", "repeats", "memory_samples", "prepare_docs", "fit_steps"):
+        value = getattr(args, field)
+        if value is not None:
+            setattr(ctx, field, value)
+    return ctx
+
+
+def quiet() -> None:
+    warnings.filterwarnings("ignore", message=".*set_vital.*")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "lightning_tune_data", "datasets"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def prepare_inputs(ctx: Context, needed: set[str]) -> None:
+    ctx.data_dir.mkdir(parents=True, exist_ok=True)
+    if needed & {"throughput", "resume", "memory", "step"}:
+        t0 = time.perf_counter()
+        ctx.token_parquet = ctx.data_dir / f"tokens_{ctx.token_docs}.parquet"
+        ctx.token_meta = common.write_token_parquet(ctx.token_parquet, ctx.token_docs)
+        # build the cache once (prepare_data + setup) so the benchmarks only ever hit it
+        common.make_datamodule(ctx.token_parquet, ctx.cache_dir, False, None, 0, 16)
+        log(f"token data: {ctx.token_meta['num_docs']:,} docs, {ctx.token_meta['tokens']:,} tokens "
+            f"(mean {ctx.token_meta['mean_len']:.1f}) ready in {time.perf_counter() - t0:.1f}s")
+    if "prepare" in needed:
+        ctx.text_jsonl = ctx.data_dir / f"text_{ctx.prepare_docs}.jsonl"
+        ctx.text_meta = common.write_text_jsonl(ctx.text_jsonl, ctx.prepare_docs)
+
+
+def header(ctx: Context, argv: list[str], info: dict[str, str], elapsed: float, load_end: str) -> str:
+    lines = [
+        f"# lightning_tune_data benchmarks ({'quick' if ctx.quick else 'full'})",
+        "",
+        f"Command: `{' '.join(['python benchmarks/run_all.py', *argv])}`",
+        f"Finished {time.strftime('%Y-%m-%d %H:%M:%S')}, suite time {elapsed:.0f} s.",
+        "",
+        "| machine | |",
+        "|---|---|",
+    ]
+    lines += [f"| {k} | {v} |" for k, v in info.items()]
+    lines.append(f"| load average at end | {load_end} |")
+    lines += [
+        "",
+        "Sizes: "
+        f"{ctx.token_docs:,} tokenized documents (log-normal lengths, mean ~300 tokens); throughput "
+        f"{ctx.throughput_budget_s:g} s per measurement, median of {ctx.repeats}; resume median of "
+        f"{ctx.resume_repeats}; memory run {ctx.memory_samples:,} samples; prepare_data {ctx.prepare_docs:,} "
+        f"docs, median of {ctx.prepare_repeats}; packing {ctx.packing_docs:,} docs; fit {ctx.fit_steps} steps.",
+        "",
+        "`ratio` = value / baseline value (both measured in this run). Rates are higher-is-better, "
+        "latencies and memory lower-is-better. See benchmarks/README.md for definitions.",
+        "",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
+    parser.add_argument("--only", default=",".join(BENCHMARKS), help=f"comma-separated subset of {BENCHMARKS}")
+    parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR,
+                        help="scratch directory for generated data and caches (default benchmarks/.data)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output stem (default benchmarks/results/latest, or latest-quick with --quick)")
+    parser.add_argument("--token-docs", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--memory-samples", type=int, default=None)
+    parser.add_argument("--prepare-docs", type=int, default=None)
+    parser.add_argument("--fit-steps", type=int, default=None)
+    args = parser.parse_args(argv)
+    selected = [b.strip() for b in args.only.split(",") if b.strip()]
+    unknown = sorted(set(selected) - set(BENCHMARKS))
+    if unknown:
+        parser.error(f"unknown benchmark(s) {unknown}; choose from {BENCHMARKS}")
+
+    quiet()
+    ctx = make_context(args)
+    info = common.machine_info()
+    start = time.perf_counter()
+    prepare_inputs(ctx, set(selected))
+
+    import bench_memory
+    import bench_packing
+    import bench_prepare
+    import bench_resume
+    import bench_step
+    import bench_throughput
+
+    modules = {"throughput": bench_throughput, "resume": bench_resume, "memory": bench_memory,
+               "prepare": bench_prepare, "packing": bench_packing, "step": bench_step}
+    results: list[common.Result] = []
+    for name in BENCHMARKS:
+        if name not in selected:
+            continue
+        t0 = time.perf_counter()
+        log(f"== {name}")
+        results.extend(modules[name].run(ctx))
+        log(f"== {name} done in {time.perf_counter() - t0:.0f}s")
+    elapsed = time.perf_counter() - start
+    load_end = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+    table = common.markdown_table(results)
+    notes = [r for r in results if r.note]
+    notes_md = "\n".join(f"- {r.benchmark} / {r.config} / {r.metric}: {r.note}" for r in notes)
+    document = (header(ctx, argv, info, elapsed, load_end) + table + "\n\nNotes:\n\n" + notes_md + "\n")
+    stem = args.out or RESULTS_DIR / ("latest-quick" if ctx.quick else "latest")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    md_path, csv_path = stem.with_suffix(".md"), stem.with_suffix(".csv")
+    md_path.write_text(document)
+    common.write_csv(results, csv_path)
+    print(document)
+    missed = [r for r in results if r.met is False]
+    log(f"wrote {md_path} and {csv_path}; {sum(r.met is True for r in results)} targets met, {len(missed)} missed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

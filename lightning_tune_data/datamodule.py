@@ -366,7 +366,8 @@ class TextDataModule(LightningDataModule):
             dataset = MapStyleDocuments(self._loaded("train", name), name, self.max_seq_len)
         else:
             dataset = self.build_train_stream(rank, world_size)
-        loader = build_train_loader(dataset, self.train_collator(), self.train_options, self.seed, rank, world_size)
+        loader = build_train_loader(dataset, self.train_collator(), self.train_options, self.seed, rank, world_size,
+                                    finite=self.stopping_strategy != "infinite")
         self._batches_consumed = 0
         if self._pending_state is not None:
             own = self._pending_state["ranks"][rank]

@@ -331,7 +331,10 @@ class DatasetManager:
         load_kwargs: Extra keyword arguments for ``datasets.load_dataset`` (``revision``, ...).
         shuffle: Whether the training stream shuffles this source.
         max_error_count: Rows whose preprocessing fails, or samples whose stream transforms
-            raise, that may be skipped (and counted) before raising.
+            raise, that may be skipped (and counted) before raising with the first failure's row
+            and traceback. Preprocessing failures are counted over the whole dataset (the count
+            is in the cache's ``_manifest.json`` as ``skipped_rows``); transform failures per
+            rank x worker shard. Streaming sources cannot skip preprocessing failures.
         message_transform, model_transform, output_transform: optional per-sample callables
             (or dotted paths) applied in this order to each streamed train document.
         filter_fn: optional predicate (or dotted path) ``filter_fn(sample, **filter_kwargs)``;
@@ -835,7 +838,8 @@ class DatasetManager:
             if not path.is_file():
                 return None, f"{relative} is missing"
             if path.stat().st_size != size:
-                return None, f"{relative} has {path.stat().st_size} bytes, {size} were written (truncated or overwritten)"
+                actual = path.stat().st_size
+                return None, f"{relative} has {actual} bytes, {size} were written (truncated or overwritten)"
         try:
             dataset = datasets.Dataset.load_from_disk(str(final_dir / "dataset"))
         except Exception as error:  # noqa: BLE001 - any failure to open means a corrupt cache

@@ -139,8 +139,9 @@ def test_unknown_config_key_fails_naming_it(data_dir, capsys, where, name):
 @pytest.mark.timeout(120)
 def test_more_workers_than_rows_fails_before_any_worker_starts(tmp_path):
     write_jsonl(tmp_path / "tiny.jsonl", ["one", "two", "three"])
-    dm = TextDataModule(dataset_managers={"train": {"tiny": LocalDatasetManager(data_files=str(tmp_path / "tiny.jsonl"))}},
-                        max_seq_len=16, batch_size=1, num_workers=4, cache_dir=str(tmp_path / "cache"))
+    tiny = LocalDatasetManager(data_files=str(tmp_path / "tiny.jsonl"))
+    dm = TextDataModule(dataset_managers={"train": {"tiny": tiny}}, max_seq_len=16, batch_size=1, num_workers=4,
+                        cache_dir=str(tmp_path / "cache"))
     with pytest.raises(ValueError, match=r"Train source 'tiny' has 3 rows, fewer than its 4 shards .*num_workers=4"):
         trainer(2).fit(tiny_model(dm), datamodule=dm)
 
@@ -186,7 +187,8 @@ def test_resume_after_the_data_file_changed_fails_naming_source_and_row_counts(d
     ckpt = fit_and_checkpoint(datamodule(data_dir), data_dir / "a.ckpt")
     write_jsonl(data_dir / "a.jsonl", make_texts(35, seed=1, prefix="A"))  # 5 more rows
     changed = datamodule(data_dir)
-    with pytest.raises(ValueError, match=r"Source 'a': the checkpoint was written for 30 rows but the cache now has 35"):
+    changed_rows = r"Source 'a': the checkpoint was written for 30 rows but the cache now has 35"
+    with pytest.raises(ValueError, match=changed_rows):
         trainer(5).fit(tiny_model(changed), datamodule=changed, ckpt_path=str(ckpt))
 
 

@@ -96,8 +96,15 @@ def _child_counts(interleaver, worker: int, draws: int, exact: bool = True) -> d
     return dict(zip(interleaver._names, counts.tolist()))
 
 
-def _worker_dataset_states(loader_state: dict, num_workers: int) -> list[tuple[int, dict]]:
-    """[(worker id, dataset_state dict)] inside a StatefulDataLoader state (one entry without workers)."""
+def _worker_dataset_states(state: dict, num_workers: int) -> list[tuple[int, dict]]:
+    """[(worker id, dataset_state dict)] inside a ``ResumableLoader`` state.
+
+    Without workers the state holds the stream's own ``state_dict`` (``"dataset"``); with workers,
+    the ``StatefulDataLoader`` state with one snapshot per worker (``"loader"``).
+    """
+    if "dataset" in state:
+        return [(0, state["dataset"])]
+    loader_state = state["loader"]
     if num_workers == 0:
         return [(0, loader_state["dataset_state"])]
     snapshots = loader_state["_snapshot"]["_worker_snapshots"]
@@ -113,7 +120,7 @@ def advance_state(dm, state: dict, step: int, batch_size: int, from_step: int) -
     interleaver = inner if hasattr(inner, "_block_uniforms") else None
     workers = dm.num_workers
 
-    for worker, dataset_state in _worker_dataset_states(state["loader"], workers):
+    for worker, dataset_state in _worker_dataset_states(state, workers):
         batches = step // max(workers, 1) + (1 if workers and worker < step % workers else 0)
         samples = batches * batch_size
         if packer is not None:
@@ -146,14 +153,15 @@ def advance_state(dm, state: dict, step: int, batch_size: int, from_step: int) -
         if "samples_yielded" in node:
             node["samples_yielded"] = step * batch_size
 
-    _walk(state["loader"], counters)
+    if "loader" in state:
+        _walk(state["loader"], counters)
     return state
 
 
-def _positions(loader_state: dict, num_workers: int) -> list:
+def _positions(state: dict, num_workers: int) -> list:
     """(worker, path, epoch, position) and draws, for comparing two states."""
     out = []
-    for worker, dataset_state in _worker_dataset_states(loader_state, num_workers):
+    for worker, dataset_state in _worker_dataset_states(state, num_workers):
         def grab(node: dict, worker=worker) -> None:
             if "position" in node and "num_rows" in node:
                 out.append((worker, "source", node["shard_id"], node["epoch"], node["position"]))
@@ -203,7 +211,7 @@ def run(ctx) -> list[Result]:
             validation = ""
             if packing is None:
                 computed = advance_state(dm, genuine_small, VALIDATE_STEP, bs, STEP_SMALL)
-                same = _positions(computed["loader"], nw) == _positions(genuine_validate["loader"], nw)
+                same = _positions(computed, nw) == _positions(genuine_validate, nw)
                 validation = f"computed state == genuine state at step {VALIDATE_STEP}: {same}"
                 if not same:
                     log(f"resume: WARNING {name} workers {nw}: {validation}")

@@ -246,17 +246,19 @@ class PaddedCollator:
         input_ids, labels, attention_mask, position_ids = block.numpy()
         input_ids.fill(self.pad_id)
         labels.fill(IGNORE_INDEX)
+        attention_mask.fill(0)
+        position_ids.fill(0)
+        columns = np.arange(width, dtype=np.int64)
         for row, (ids, mask) in enumerate(zip(ids_list, masks)):
+            # Row by row touches only the real tokens (cheaper than whole-[B, L] mask arithmetic).
             n = ids.shape[0]
             input_ids[row, :n] = ids
             targets = labels[row, : max(n - 1, 0)]  # the same values as shifted_labels(ids, mask)
             targets[:] = ids[1:]
             if mask is not None:
                 targets[~mask[1:]] = IGNORE_INDEX
-        columns = np.arange(width, dtype=np.int64)
-        real = columns[None, :] < lengths[:, None]
-        attention_mask[:] = real
-        np.multiply(real, columns[None, :], out=position_ids)
+            attention_mask[row, :n] = 1
+            position_ids[row, :n] = columns[:n]
 
         return {
             INPUT_IDS: block[0],

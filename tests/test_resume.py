@@ -72,7 +72,7 @@ def checkpoint_at(ckpt_dir: Path, step: int) -> str:
     return str(matches[0])
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
 @pytest.mark.parametrize("packing", [None, "greedy", "best_fit", "concat"])
 def test_resume_after_step_k_matches_uninterrupted_run(corpus_dir: Path, tmp_path: Path, num_workers: int, packing):
     full, ckpt_dir = fit(corpus_dir, tmp_path / "full", FINAL_STEP, num_workers=num_workers, packing=packing)

@@ -200,9 +200,7 @@ class _PreprocessRunner:
         try:
             output = self.fn(examples, self.tokenizer, **self.kwargs)
         except MissingColumnError as error:
-            raise PreprocessError(
-                self._missing_column(error.column, list(examples), error.kwarg)
-            ) from error
+            raise self._missing_column_error(error, examples) from error
         except KeyError as error:
             key = error.args[0] if error.args else None
             if isinstance(key, str) and key not in examples:
@@ -223,6 +221,9 @@ class _PreprocessRunner:
             result[_ERROR_COLUMN] = [None] * len(result["input_ids"])
         return result
 
+    def _missing_column_error(self, error: MissingColumnError, examples: dict[str, list]) -> PreprocessError:
+        return PreprocessError(self._missing_column(error.column, list(examples), error.kwarg))
+
     def _row_error(self, error: RowError, indices: list[int]) -> str:
         index = indices[error.row] if 0 <= error.row < len(indices) else error.row
         return (
@@ -242,9 +243,7 @@ class _PreprocessRunner:
             try:
                 output = self.fn(one_row, self.tokenizer, **self.kwargs)
             except MissingColumnError as error:
-                raise PreprocessError(
-                    self._missing_column(error.column, list(examples), error.kwarg)
-                ) from error
+                raise self._missing_column_error(error, examples) from error
             except Exception as error:  # noqa: BLE001 - counted against max_error_count
                 if isinstance(error, RowError):
                     error.row = position  # within this batch; _row_error maps it to the dataset

@@ -503,15 +503,7 @@ class DatasetManager:
             )
 
     def _data_file_identities(self) -> list[dict[str, Any]]:
-        files = self.data_files
-        if files is None:
-            return []
-        if isinstance(files, Mapping):
-            files = files.get(self.split, []) if self.split in files else list(files.values())
-        flat: list[str] = []
-        for entry in [files] if isinstance(files, str) else list(files):
-            flat.extend([entry] if isinstance(entry, str) else list(entry))
-        return [cache.file_identity(f) for f in flat if os.path.isfile(f)]
+        return [cache.file_identity(f) for f in self._local_data_files()]
 
     def _local_folder_identity(self) -> list[list[Any]] | None:
         """For a ``path`` that is a local dataset folder: (file, size, mtime_ns) of its files."""

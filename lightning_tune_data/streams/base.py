@@ -17,7 +17,12 @@ Samples are dicts. A *document* sample (what sources and the interleaver yield) 
 * ``loss_mask`` (optional): 1-D bool ``np.ndarray``, ``True`` where the token is a training
   target (prompt tokens are ``False``); absent means every token is a target;
 * ``source``: name of the source (the manager name) it came from;
-* ``epoch``: the pass over that source the document belongs to (0-based).
+* ``epoch``: the pass over that source the document belongs to (0-based);
+* ``row`` (optional): the document's row in its source, so packs can be saved by reference;
+* ``truncated_tokens`` (optional, default 0): tokens cut from this document because it was
+  longer than ``max_seq_len``;
+* ``dropped_before`` (optional, default 0): overlong documents of the same source that this
+  shard dropped (``overlong="drop"``) since its previous yielded document.
 
 Packed samples (what ``IterablePackedDataset`` yields) are described in ``streams/packing.py``.
 """
@@ -35,6 +40,9 @@ INPUT_IDS = "input_ids"
 LOSS_MASK = "loss_mask"
 SOURCE = "source"
 EPOCH = "epoch"
+ROW = "row"
+TRUNCATED_TOKENS = "truncated_tokens"
+DROPPED_BEFORE = "dropped_before"
 
 
 class TuneIterableDataset(IterableDataset, ABC):

@@ -7,11 +7,14 @@ given by ``class_path`` (e.g. ``lightning_tune_data.models.TinyCausalLM``). The 
 
 from __future__ import annotations
 
+import sys
+
 import yaml
 from jsonargparse import get_loader, set_loader
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from .commands import COMMANDS, run_command
 from .datamodule import TextDataModule
 
 
@@ -64,7 +67,14 @@ def run_cli(args: list[str] | None = None) -> TuneDataCLI:
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of the console script and ``python -m lightning_tune_data``."""
+    """Entry point of the console script and ``python -m lightning_tune_data``.
+
+    Subcommands listed in :data:`lightning_tune_data.commands.COMMANDS` (data tools that need
+    no Trainer) run on their own; everything else goes to the LightningCLI.
+    """
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv and argv[0] in COMMANDS:
+        raise SystemExit(run_command(argv[0], argv[1:]))
     run_cli(args)
 
 

@@ -40,7 +40,8 @@ from .loaders import (
 from .managers import DatasetManager, UnconditionalGenerationDatasetManager
 from .streams.arrow_source import ArrowSource
 from .streams.base import TuneIterableDataset
-from .streams.interleave import InterleavedDataset
+from .streams.base import ElasticResumeUnsupported
+from .streams.interleave import MIX_BY, InterleavedDataset
 from .streams.packing import IterablePackedDataset
 from .tokenizers import ByteTokenizer, Tokenizer
 
@@ -63,7 +64,18 @@ STAGE_TO_SPLIT = {
 #: Which manager ``stages`` make a split load in ``setup(stage)``.
 SPLITS_FOR_STAGE = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
 
-STATE_VERSION = 1
+#: Version of :meth:`TextDataModule.state_dict`'s layout. 2: positions and document references only
+#: (resumable with another world size, ``num_workers`` or ``batch_size``).
+STATE_VERSION = 2
+#: Data settings a checkpoint's position depends on; changing one cannot be resumed.
+FIXED_SETTINGS = ("sources", "seed", "max_seq_len", "packing", "stopping_strategy", "train_mode")
+#: Settings that split the stream into shards; changing one takes the elastic path.
+LAYOUT_SETTINGS = ("world_size", "num_workers")
+#: Opt-out named by every resume error.
+RESUME_OPT_OUT = (
+    "To keep the model, optimizer and step but start the train data from the beginning, set "
+    "`resume_data_state: false` under `data:` (TextDataModule(resume_data_state=False))."
+)
 
 
 def default_source_name(manager: Any) -> str:
@@ -133,6 +145,13 @@ class TextDataModule(LightningDataModule):
         eval_num_workers: workers for eval loaders (default: ``num_workers``).
         train_stream_name: dataloader name of the train stream when there are several train
             managers (with one, the stream takes that manager's name).
+        mix_by: what the train sources' weights are shares of: ``"documents"`` (default) or
+            ``"tokens"`` (a "30% code" mix then means 30% of the tokens, whatever the sources'
+            document lengths; with packing, of the tokens placed in packs).
+        resume_data_state: restore the train data position from a checkpoint (default). With
+            ``False`` a resumed run keeps the model, optimizer and step but starts the train data
+            from the beginning, with a warning: the way out when the data config changed in a
+            way that cannot be resumed (sources, seed, ``max_seq_len``, packing).
     """
 
     def __init__(
@@ -156,6 +175,8 @@ class TextDataModule(LightningDataModule):
         persistent_workers: bool = False,
         eval_num_workers: int | None = None,
         train_stream_name: str = "interleaved",
+        mix_by: Literal["documents", "tokens"] = "documents",
+        resume_data_state: bool = True,
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
@@ -173,6 +194,8 @@ class TextDataModule(LightningDataModule):
         self.pad_to_multiple_of = pad_to_multiple_of
         self.eval_num_workers = num_workers if eval_num_workers is None else eval_num_workers
         self.train_stream_name = train_stream_name
+        self.mix_by = mix_by
+        self.resume_data_state = resume_data_state
         self.dataset_managers = (
             {split: _named(split, managers) for split, managers in dataset_managers.items()}
             if isinstance(dataset_managers, dict)
@@ -190,6 +213,8 @@ class TextDataModule(LightningDataModule):
         self._train_loader: ResumableLoader | None = None
         self._batches_consumed = 0
         self._pending_state: dict[str, Any] | None = None
+        self._pending_elastic = False
+        self._elastic_origin: dict[str, Any] | None = None
 
     # -- configuration ----------------------------------------------------------------------
     def _validate_config(self) -> None:
@@ -244,6 +269,8 @@ class TextDataModule(LightningDataModule):
                  "Use train_mode: stream for mixtures and packing.")
         if self.overlong not in ("truncate", "drop"):
             fail("overlong", f"unknown policy {self.overlong!r}", "Use 'truncate' or 'drop'.")
+        if self.mix_by not in MIX_BY:
+            fail("mix_by", f"unknown value {self.mix_by!r}", f"Use one of {list(MIX_BY)}.")
 
     # -- public names ---------------------------------------------------------------------
     @property
@@ -348,7 +375,8 @@ class TextDataModule(LightningDataModule):
         else:
             weights = [float(self.dataset_managers["train"][s.dataset_name].weight) for s in sources]
             stream = InterleavedDataset(sources, weights, seed=self.seed, dataset_name=self.train_stream_name,
-                                        stopping_strategy=self.stopping_strategy, rank=rank, world_size=world_size)
+                                        stopping_strategy=self.stopping_strategy, rank=rank, world_size=world_size,
+                                        mix_by=self.mix_by)
         if self.packing is not None:
             stream = IterablePackedDataset(stream, max_seq_len=self.max_seq_len, strategy=self.packing,
                                            buffer_size=self.packing_buffer_size, overlong=self.overlong)
@@ -369,11 +397,15 @@ class TextDataModule(LightningDataModule):
         loader = build_train_loader(dataset, self.train_collator(), self.train_options, self.seed, rank, world_size,
                                     finite=self.stopping_strategy != "infinite")
         self._batches_consumed = 0
+        self._elastic_origin = None
         if self._pending_state is not None:
-            own = self._pending_state["ranks"][rank]
-            loader.restore(own["loader"], own["batches_consumed"])
-            self._batches_consumed = own["batches_consumed"]
-            self._pending_state = None
+            if self._pending_elastic:
+                self._resume_with_new_layout(dataset, self._pending_state)
+            else:
+                own = self._pending_state["ranks"][rank]
+                loader.restore(own["loader"], own["batches_consumed"])
+                self._batches_consumed = own["batches_consumed"]
+            self._pending_state, self._pending_elastic = None, False
         elif self._train_loader is None and getattr(getattr(self, "trainer", None), "ckpt_path", None):
             rank_zero_warn(
                 f"Resuming from {self.trainer.ckpt_path}, which holds no {type(self).__name__} data state (written "
@@ -422,7 +454,8 @@ class TextDataModule(LightningDataModule):
         _, world_size = current_rank_and_world_size()
         return {
             "sources": sorted(self._managers("train")),
-            "weights": self.train_source_weights,
+            "weights": {name: round(weight, 12) for name, weight in self.train_source_weights.items()},
+            "mix_by": self.mix_by,
             "seed": self.seed,
             "max_seq_len": self.max_seq_len,
             "batch_size": self.batch_size,
@@ -434,13 +467,21 @@ class TextDataModule(LightningDataModule):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's train data position after the last consumed batch (a collective under DDP)."""
+        """Every rank's train data position after the last consumed batch (a collective under DDP).
+
+        Positions and document references only (plain Python types); the train loader records its
+        state after every batch it hands out, and the state kept is the one after the last batch
+        the model consumed, so Lightning's one-batch prefetch is accounted for.
+        """
         if self._train_loader is None:
             return self._pending_state or {}
-        own = {
-            "batches_consumed": self._batches_consumed,
-            "loader": self._train_loader.state_after(self._batches_consumed),
-        }
+        if self._elastic_origin is not None and self._batches_consumed == 0:
+            return self._elastic_origin  # nothing consumed since an elastic resume: the old state still says it all
+        consumed = self._batches_consumed
+        if getattr(self, "trainer", None) is None:
+            # A manual loop (no Trainer): every batch the loader handed out counts as consumed.
+            consumed = self._batches_consumed = self._train_loader.batches_yielded
+        own = {"batches_consumed": consumed, "loader": self._train_loader.state_after(consumed)}
         rank, world_size = current_rank_and_world_size()
         ranks = [own]
         if world_size > 1:
@@ -449,26 +490,91 @@ class TextDataModule(LightningDataModule):
         return {"version": STATE_VERSION, "signature": self.data_signature(), "ranks": ranks}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Check the checkpoint's data config against this one and keep the state for the loader."""
+        """Check the checkpoint's data config against this one and keep the state for the train loader.
+
+        Same layout (world size and ``num_workers``): each rank restores its own position, bitwise
+        exact (a changed ``batch_size`` only regroups the same documents into batches). Another
+        layout: the positions of all old shards are merged and re-split, so within the pass in
+        progress every document is used exactly once across the old and the resumed run. Changed
+        sources, seed, ``max_seq_len``, packing, stopping strategy or train mode cannot be resumed:
+        the error names them and the ``resume_data_state: false`` way out.
+        """
         if not state_dict:
+            return
+        if not self.resume_data_state:
+            rank_zero_warn(
+                "resume_data_state=False: the checkpoint's train data position is ignored. The model, optimizer and "
+                "step are restored, but the train data starts again from the beginning, so the model sees documents "
+                "it has already trained on."
+            )
             return
         if state_dict.get("version") != STATE_VERSION:
             raise ValueError(
-                f"Checkpoint data state version {state_dict.get('version')} is not supported (expected "
-                f"{STATE_VERSION}); it was written by another lightning_tune_data version."
+                f"The checkpoint's train data state has version {state_dict.get('version')}, but this version of "
+                f"lightning_tune_data reads version {STATE_VERSION} (positions and document references). It was "
+                f"written by an older release and cannot be converted. {RESUME_OPT_OUT}"
             )
         saved, current = state_dict["signature"], self.data_signature()
-        unsafe = [key for key in current if key != "weights" and saved.get(key) != current[key]]
-        if unsafe:
-            changes = "; ".join(f"{key}: checkpoint {saved.get(key)!r} -> now {current[key]!r}" for key in unsafe)
+        fixed = [key for key in FIXED_SETTINGS if saved.get(key) != current[key]]
+        if fixed:
+            changes = "; ".join(f"{key}: checkpoint {saved.get(key)!r} -> now {current[key]!r}" for key in fixed)
             raise ValueError(
-                f"Cannot resume the train data exactly: the data config changed ({changes}). Restore those "
-                "settings to resume, or start the data stream fresh by loading only the model weights."
+                f"Cannot resume the train data: the data config changed ({changes}), so the saved positions mean "
+                f"something else now. Restore those settings to resume. {RESUME_OPT_OUT}"
             )
-        if saved.get("weights") != current["weights"]:
+        soft = [key for key in ("weights", "mix_by") if saved.get(key) != current[key]]
+        if soft:
+            changes = "; ".join(f"{key}: {saved.get(key)} -> {current[key]}" for key in soft)
             rank_zero_warn(
-                f"Train source weights changed ({saved.get('weights')} -> {current['weights']}). Resuming each "
-                "source where it was; the mix follows the new weights from here on, so batches after the "
-                "resume differ from the original run's."
+                f"Train source weights changed ({changes}). Resuming each source where it was; the mix follows the "
+                "new weights from here on, so batches after the resume differ from the original run's."
+            )
+        layout = [key for key in LAYOUT_SETTINGS if saved.get(key) != current[key]]
+        if layout and self.train_mode != "stream":
+            raise ValueError(
+                f"Cannot resume train_mode='map' data with another {' and '.join(layout)} "
+                f"({', '.join(f'{k}: {saved.get(k)} -> {current[k]}' for k in layout)}); resume with the checkpoint's "
+                f"layout. {RESUME_OPT_OUT}"
+            )
+        if layout or saved.get("batch_size") != current["batch_size"]:
+            changes = ", ".join(
+                f"{k}: {saved.get(k)} -> {current[k]}" for k in (*LAYOUT_SETTINGS, "batch_size") if saved.get(k) != current[k]
+            )
+            rank_zero_warn(
+                f"Resuming the train data with a new layout ({changes}): within the pass in progress every document "
+                "is used exactly once across the old and the resumed run, but the batches differ from an "
+                "uninterrupted run's."
             )
         self._pending_state = state_dict
+        self._pending_elastic = bool(layout)
+
+    def _resume_with_new_layout(self, dataset: Any, state: dict[str, Any]) -> None:
+        """Merge every old shard's state and let this rank's shards take their share of what is left."""
+        shards = old_shard_states(state)
+        try:
+            dataset.load_shard_states(shards)
+        except ElasticResumeUnsupported as error:
+            raise ValueError(
+                f"Cannot resume the train data with a new number of ranks or workers: {error} {RESUME_OPT_OUT}"
+            ) from None
+        self._elastic_origin = state
+
+
+def old_shard_states(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The train stream state of every shard (rank x dataloader worker) of a saved data state, in shard order."""
+    shards: list[dict[str, Any]] = []
+    for rank, entry in enumerate(state["ranks"]):
+        loader = entry["loader"]
+        if "dataset" in loader:
+            shards.append(loader["dataset"])
+            continue
+        snapshots = loader["loader"].get("_snapshot", {}).get("_worker_snapshots", {})
+        for worker in range(len(snapshots)):
+            dataset_state = snapshots[f"worker_{worker}"].get("dataset_state")
+            if dataset_state is None:
+                raise ValueError(
+                    f"The checkpoint holds no train data state for worker {worker} of rank {rank}; it cannot be "
+                    f"resumed with another layout. {RESUME_OPT_OUT}"
+                )
+            shards.append(dataset_state)
+    return shards

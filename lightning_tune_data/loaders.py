@@ -39,7 +39,7 @@ class LoaderOptions:
 
     Args:
         batch_size: samples (or packs) per batch; ``>= 1``.
-        num_workers: worker processes per rank; keep it fixed across a resume.
+        num_workers: worker processes per rank (a resume with another value re-splits the stream).
         pin_memory: pin batches for faster host-to-GPU copies.
         prefetch_factor: batches each worker prepares ahead (only with workers).
         persistent_workers: keep eval workers alive between evaluations.
@@ -142,8 +142,11 @@ class ResumableLoader:
             return self._capture()
         kept = [count for count, _ in self._history]
         raise RuntimeError(
-            f"No train loader state recorded after batch {batches} (kept: {kept}). The trainer consumed "
-            "batches in an unexpected order; please report this with your Trainer settings."
+            f"No train loader state recorded after batch {batches} (the loader handed out {self.batches_yielded}; "
+            f"states kept after batches {kept}). The saved state is the one after the last batch the model "
+            "consumed, which TextDataModule counts in on_before_batch_transfer while a Trainer trains, and only "
+            f"the last {self._history.maxlen} states are kept. Take state_dict() from a Trainer callback (as "
+            "ModelCheckpoint does), or, in a loop without a Trainer, right after the batch you consumed."
         )
 
     def __iter__(self) -> Iterator[Any]:

@@ -7,6 +7,7 @@ import io
 import itertools
 import logging
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -172,7 +173,7 @@ def test_first_exhausted_stops_at_the_first_draw_of_an_exhausted_child(seed):
     assert counts[ended] == lengths[ended]  # the child that ended was fully consumed ...
     assert all(counts[n] <= lengths[n] for n in lengths)
     assert state["draws"] == len(out) + 1  # ... and the very next draw of it stopped the stream
-    assert state["children"][ended]["pass"] == 1
+    assert state["children"][ended]["walk"]["plan"]["epoch"] == 1
 
 
 def test_infinite_strategy_restarts_a_finite_child_with_a_warning(caplog):
@@ -263,7 +264,7 @@ def test_state_size_does_not_grow_with_the_number_of_draws():
     list(itertools.islice(it, 10))
     small = len(repr(ds.state_dict()))
     list(itertools.islice(it, 20_000))
-    assert len(repr(ds.state_dict())) <= small + 20  # only counters get more digits
+    assert len(repr(ds.state_dict())) <= small + 80  # only counters and accounts get more digits
 
 
 def test_loading_a_state_without_a_child_names_the_missing_child():
@@ -281,7 +282,62 @@ def test_loading_a_state_with_other_weights_warns(caplog):
     assert "written with weights" in caplog.text
 
 
-# ---------------------------------------------------------------- interleave_datasets (seed 004)
+# ---------------------------------------------------------------- token weights and elastic accounts
+
+
+def _lengths_stream(name: str, n: int, mean_length: int, seed: int, rank: int = 0, world_size: int = 1) -> InMemoryStream:
+    rng = np.random.default_rng(seed)
+    lengths = np.maximum(1, rng.lognormal(np.log(mean_length), 0.5, n).astype(int))
+    return InMemoryStream([[7] * int(k) for k in lengths], name, seed=seed, rank=rank, world_size=world_size)
+
+
+def test_token_weights_hold_within_a_hundredth_over_20k_documents_with_20x_longer_documents():
+    weights = {"short": 0.3, "long": 0.5, "mid": 0.2}
+    children = [_lengths_stream("short", 3000, 20, 1), _lengths_stream("long", 3000, 400, 2),
+                _lengths_stream("mid", 3000, 100, 3)]
+    ds = InterleavedDataset(children, list(weights.values()), seed=5, mix_by="tokens")
+    tokens = collections.Counter()
+    for sample in itertools.islice(ds, 20_000):
+        tokens[sample["source"]] += len(sample["input_ids"])
+    total = sum(tokens.values())
+    for name, weight in weights.items():
+        assert abs(tokens[name] / total - weight) <= 0.01, (name, tokens[name] / total)
+    documents = ds.state_dict()["interleaved"]["consumed"]
+    assert documents["short"]["documents"] > 10 * documents["long"]["documents"]  # same tokens, far more docs
+
+
+def test_token_weighted_mix_resumes_exactly():
+    def build():
+        return InterleavedDataset([_lengths_stream("s", 500, 10, 1), _lengths_stream("l", 500, 200, 2)], [0.5, 0.5],
+                                  seed=3, mix_by="tokens")
+
+    reference = [_key(s) for s in itertools.islice(build(), 900)]
+    ds = build()
+    head = [_key(s) for s in itertools.islice(ds, 333)]
+    resumed = build()
+    resumed.load_state_dict(_roundtrip(ds.state_dict()))
+    assert head + [_key(s) for s in itertools.islice(resumed, 900 - 333)] == reference
+
+
+def test_resume_on_fewer_shards_pays_back_what_the_old_shards_owed_each_source():
+    old = [_mixture(rank=r, world_size=2) for r in range(2)]
+    counts = collections.Counter()
+    for stream, draws in zip(old, (13, 29)):  # partial blocks: each shard is a little off its weights
+        counts.update(s["source"] for s in itertools.islice(stream, draws))
+    merged = _mixture()
+    merged.load_shard_states([s.state_dict() for s in old])
+    counts.update(s["source"] for s in itertools.islice(merged, 2000 - 42))
+    for name, weight in WEIGHTS.items():
+        assert abs(counts[name] / 2000 - weight) <= 0.01
+    assert merged.state_dict()["interleaved"]["consumed"]["a"]["documents"] == counts["a"]
+
+
+def test_mix_by_must_be_documents_or_tokens():
+    with pytest.raises(ValueError, match="mix_by='bytes'"):
+        InterleavedDataset([_stream("a", 4)], [1.0], seed=0, mix_by="bytes")
+
+
+# ---------------------------------------------------------------- interleave_datasets
 
 
 def _gen(name: str, count: int):
@@ -327,6 +383,11 @@ def test_interleave_datasets_validates_eagerly():
         interleave_datasets([range(2)], [1.0], stopping_strategy="infinite")
     with pytest.raises(ValueError, match=">= 0"):
         interleave_datasets([range(2), range(2)], [1.5, -0.5])
+
+
+def test_interleave_datasets_without_probabilities_alternates_like_the_datasets_library():
+    assert list(interleave_datasets([[1, 2, 3], [10, 20]])) == [1, 10, 2, 20, 3]
+    assert list(interleave_datasets([[1, 2, 3], [10]], stopping_strategy="all_exhausted")) == [1, 10, 2, 3]
 
 
 def test_interleave_datasets_shares_follow_probabilities():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import io
 import itertools
 
@@ -151,9 +153,33 @@ def test_state_is_plain_fresh_and_small():
     for _ in range(2500):
         next(it)
     state = stream.state_dict()
-    assert state == {"d": {"pass": 2, "position": 500, "num_documents": 1000}}
-    state["d"]["position"] = 0  # the caller may keep/mutate what it got
-    assert stream.state_dict()["d"]["position"] == 500
+    plan = state["d"]["walk"]["plan"]
+    assert (plan["epoch"], plan["tail_taken"], plan["holes"]) == (2, 500, [])
+    assert json.loads(json.dumps(state)) == state  # plain, JSON-serialisable
+    plan["tail_taken"] = 0  # the caller may keep/mutate what it got
+    assert stream.state_dict()["d"]["walk"]["plan"]["tail_taken"] == 500
+
+
+def test_loading_a_state_of_another_rank_is_refused_instead_of_replaying_documents():
+    rank0 = InMemoryStream(_docs(10), "d", rank=0, world_size=2)
+    next(iter(rank0))
+    single = InMemoryStream(_docs(10), "d")
+    with pytest.raises(ValueError, match="shard 0 of 2.*shard 0 of 1.*load_shard_states"):
+        single.load_state_dict(rank0.state_dict())
+
+
+def test_resume_with_fewer_ranks_uses_every_document_of_the_pass_exactly_once():
+    old = [InMemoryStream(_docs(40), "d", seed=3, rank=r, world_size=2) for r in range(2)]
+    seen = []
+    for stream, count in zip(old, (7, 11)):
+        it = iter(stream)
+        seen += [int(next(it)["source_row"]) for _ in range(count)]
+    merged = InMemoryStream(_docs(40), "d", seed=3)
+    merged.load_shard_states([s.state_dict() for s in old])
+    it = iter(merged)
+    seen += [int(next(it)["source_row"]) for _ in range(40 - len(seen))]
+    assert sorted(seen) == list(range(40))
+    assert next(it)["epoch"] == 1
 
 
 def test_loading_a_state_written_over_different_data_names_the_stream():
@@ -164,7 +190,7 @@ def test_loading_a_state_written_over_different_data_names_the_stream():
 
 def test_loading_state_of_another_stream_lists_what_the_state_holds():
     with pytest.raises(KeyError, match="'d' not found.*\\['other'\\]"):
-        InMemoryStream(_docs(3), "d").load_state_dict({"other": {"pass": 0, "position": 0}})
+        InMemoryStream(_docs(3), "d").load_state_dict({"other": {"walk": {}}})
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -269,21 +270,71 @@ def test_resume_after_k_packs_continues_with_exactly_the_same_packs(strategy, so
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_state_holds_buffered_tokens_as_tensors_and_counters(strategy):
+def test_state_holds_buffered_documents_by_reference_never_tokens(strategy):
     packer = IterablePackedDataset(_make_interleaved(), 48, strategy=strategy, buffer_size=8)
     list(itertools.islice(packer, 10))
     own = packer.state_dict()["packed_interleaved"]
     assert own["counters"]["packs"] == 10
     assert set(own["child"]) == {"interleaved"}
     packs = own["packs"]
-    assert packs["pack_pieces"]  # some tokens wait in the buffer
-    # Two flat tensors for the whole buffer (each tensor costs a shared-memory segment per batch).
-    tensors = [value for value in packs.values() if isinstance(value, torch.Tensor)]
-    assert len(tensors) == 2 and all(t.dtype == torch.int32 for t in tensors)
-    assert sum(packs["seq_lens"]) == len(packs["input_ids"]) == len(packs["labels"])
-    assert sum(packs["pack_pieces"]) == len(packs["seq_lens"]) == len(packs["sources"])
+    assert packs["pack_pieces"]  # some documents wait in the buffer
+    assert packs["inline"] == {}  # every piece can be re-read from its source
+    assert sum(packs["pack_pieces"]) == len(packs["row"]) == len(packs["length"]) == len(packs["source"])
+    assert all(row >= 0 for row in packs["row"])
+    assert json.loads(json.dumps(own)) == own  # plain types only
     if strategy == "best_fit":
         assert own["num_open"] <= 8
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "best_fit", "concat"])
+def test_state_size_does_not_depend_on_max_seq_len_beyond_the_number_of_pieces(strategy):
+    small, large = (IterablePackedDataset(_make_interleaved(), n, strategy=strategy, buffer_size=8) for n in (48, 4800))
+    list(itertools.islice(small, 3))
+    list(itertools.islice(large, 3))
+    per_piece = [len(json.dumps(p.state_dict())) / max(1, len(p.state_dict()[p.dataset_name]["packs"]["row"]))
+                 for p in (small, large)]
+    assert per_piece[1] < 2 * per_piece[0] + 200
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "best_fit", "concat"])
+def test_resume_on_more_shards_packs_every_held_and_unread_document_exactly_once(strategy):
+    def packer(rank, world_size):
+        children = [InMemoryStream([[k, k + 1, k + 2][: 1 + k % 3] * (1 + k % 5) for k in range(base, base + 60)], name,
+                                   seed=2, rank=rank, world_size=world_size)
+                    for name, base in (("a", 1000), ("b", 5000))]
+        mix = InterleavedDataset(children, [0.5, 0.5], seed=1, rank=rank, world_size=world_size)
+        return IterablePackedDataset(mix, 16, strategy=strategy, buffer_size=4)
+
+    def documents(packs):  # (source, first token) of each new document, plus tokens of every piece
+        return [(p["source"], int(pack["input_ids"][sum(pack["seq_lens"][:i])]))
+                for pack in packs for i, p in enumerate(pack["provenance"]) if p["new_document"]]
+
+    old = packer(0, 1)
+    seen = documents(list(itertools.islice(old, 7)))
+    state = old.state_dict()
+    new = [packer(r, 2) for r in range(2)]
+    for stream in new:
+        stream.load_shard_states([state])
+    # the pass in progress: each new shard reads its share until it has packed pass-1 documents of both sources
+    for stream in new:
+        later = set()
+        for pack in itertools.islice(stream, 200):
+            for document, piece in zip(documents([pack]), [p for p in pack["provenance"] if p["new_document"]]):
+                if piece["epoch"] == 0:
+                    seen.append(document)
+                else:
+                    later.add(piece["source"])
+            if later == {"a", "b"}:
+                break
+        held = stream.state_dict()[stream.dataset_name]["packs"]  # documents still waiting in open packs
+        for source, row, epoch, new in zip(held["source"], held["row"], held["epoch"], held["new_document"]):
+            name = held["sources"][source]
+            if epoch == 0 and new:
+                seen.append((name, {"a": 1000, "b": 5000}[name] + row))
+    first_tokens = sorted(seen)
+    assert len(first_tokens) == len(set(first_tokens)), "a document was packed twice"
+    assert {t for s, t in first_tokens if s == "a"} == set(range(1000, 1060))
+    assert {t for s, t in first_tokens if s == "b"} == set(range(5000, 5060))
 
 
 def test_loading_a_state_with_other_packing_settings_is_a_clear_error():

@@ -113,7 +113,7 @@ def test_same_seed_gives_same_batches_and_another_seed_another_order(corpus_dir:
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [({"num_workers": 1}, "num_workers"), ({"seed": 99}, "seed"), ({"max_seq_len": 32}, "max_seq_len")],
+    [({"packing": "greedy"}, "packing"), ({"seed": 99}, "seed"), ({"max_seq_len": 32}, "max_seq_len")],
 )
 def test_resume_with_incompatible_data_config_fails_naming_the_change(corpus_dir, tmp_path, change, message):
     _, ckpt_dir = fit(corpus_dir, tmp_path / "full", CHECKPOINT_STEP)

@@ -1,27 +1,28 @@
-"""``ArrowSource``: an infinite, sharded, exactly resumable stream over a cached Arrow dataset.
+"""``ArrowSource``: an infinite, sharded, exactly and elastically resumable stream over a cached Arrow dataset.
 
 Mental model: the cache is a memory-mapped Arrow table of tokenized documents. Pass ``e`` over
-the source visits the rows in the order of a permutation that is a pure function of
-``(seed, source name, e)``: the same on every rank and worker, so each of the
-``world_size × num_workers`` shards takes every ``num_shards``-th row of it and no two shards
-ever read the same row in the same pass. Every shard takes exactly ``num_rows // num_shards``
-rows per pass, so ranks always have the same amount of data and nobody runs dry; the
+the source visits positions ``0..n-1`` in the order of a keyed permutation of
+``(seed, source name, e)`` that is computed per position, never stored (``permutation.py``), so
+memory and start-up do not grow with the number of rows. The ``world_size × num_workers``
+shards split each pass by striding over the positions (``pass_order.py``): no two shards read
+the same row in a pass, every shard reads the same number of rows, and the
 ``num_rows % num_shards`` rows left over are skipped in that pass (a different set every pass
 when shuffling, the last rows of the file when not).
 
-The state is ``(epoch, position)`` plus counters: resuming at step 10 and at step 10 million
-costs the same (one permutation of ``num_rows`` integers).
+The state is a handful of integers per shard (pass, positions visited, and after a resume with a
+different layout a short list of positions still owed), plus counters. It is the same size at
+step 10 and at step 10 million, and it can be merged across shards and re-split for another
+number of ranks or workers (see :meth:`ArrowSource.merge_shard_states`).
 
-Rows are read as zero-copy NumPy views into the memory-mapped ``input_ids`` column (no Python
-row formatting), which is what keeps this source far from being the loader's bottleneck.
+Rows are read as zero-copy NumPy views into the memory-mapped ``input_ids`` column.
 """
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import logging
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,22 +30,31 @@ import numpy as np
 import pyarrow as pa
 
 from ..distributed import ShardInfo, current_shard
-from .base import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, TuneIterableDataset
+from .base import (
+    DROPPED_BEFORE,
+    EPOCH,
+    INPUT_IDS,
+    LOSS_MASK,
+    SOURCE,
+    SOURCE_ROW,
+    TRUNCATED_TOKENS,
+    TuneIterableDataset,
+)
+from .pass_order import ShardPasses, merge_remaining, split_remaining
+from .permutation import KeyedPermutation, permutation_key
+from .source_state import SourceCounters, shard_mismatch_error
 
 log = logging.getLogger(__name__)
 
 OVERLONG_POLICIES = ("truncate", "drop")
 
+#: Positions mapped to rows per vectorised permutation call.
+_BLOCK = 512
+
 # State keys.
-_EPOCH = "epoch"
-_POSITION = "position"
-_ERRORS = "errors"
-_FILTERED = "filtered"
-_TRUNCATED = "overlong_truncated"
-_DROPPED = "overlong_dropped"
-_NUM_ROWS = "num_rows"
-_NUM_SHARDS = "num_shards"
-_SHARD_ID = "shard_id"
+_WALK = "walk"
+_COUNTERS = "counters"
+_PENDING_GLOBAL = "remaining"
 
 
 def _name_key(name: str) -> int:
@@ -53,35 +63,59 @@ def _name_key(name: str) -> int:
 
 
 class _ListColumn:
-    """Zero-copy NumPy access to one ``list<...>`` column of an Arrow table, chunk by chunk."""
+    """Zero-copy NumPy access to one ``list<...>`` column of an Arrow table.
+
+    Start-up touches only the chunk lengths; a chunk's offsets and values are turned into NumPy
+    views the first time a row in it is read (the most recent ones are kept).
+    """
+
+    _CACHED_CHUNKS = 1024
 
     def __init__(self, column: pa.ChunkedArray, name: str, source: str) -> None:
-        self._offsets: list[np.ndarray] = []
-        self._values: list[np.ndarray] = []
-        for chunk in column.chunks:
-            if not (pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type)):
-                raise TypeError(
-                    f"Source '{source}': column '{name}' has type {chunk.type}, expected a list of "
-                    "integers. Re-run prepare_data with a preprocess function that returns lists."
-                )
-            values = chunk.values
-            if pa.types.is_boolean(values.type):
-                array = values.to_numpy(zero_copy_only=False)
-            else:
-                array = values.to_numpy(zero_copy_only=values.null_count == 0)
-            self._offsets.append(chunk.offsets.to_numpy())
-            self._values.append(array)
-        lengths = [len(o) - 1 for o in self._offsets]
-        self._starts = [0] + np.cumsum(lengths).tolist()  # a list: bisect on it beats np.searchsorted per row
+        self._chunks = column.chunks
+        self._name = name
+        self._source = source
+        lengths = np.fromiter((len(chunk) for chunk in self._chunks), dtype=np.int64, count=len(self._chunks))
+        self._starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self._single = len(self._chunks) == 1
+        self._views: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
     def __len__(self) -> int:
-        return self._starts[-1]
+        return int(self._starts[-1])
+
+    def _view(self, chunk_index: int) -> tuple[np.ndarray, np.ndarray]:
+        view = self._views.get(chunk_index)
+        if view is not None:
+            return view
+        chunk = self._chunks[chunk_index]
+        if not (pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type)):
+            raise TypeError(
+                f"Source '{self._source}': column '{self._name}' has type {chunk.type}, expected a list of "
+                "integers. Re-run prepare_data with a preprocess function that returns lists."
+            )
+        values = chunk.values
+        if pa.types.is_boolean(values.type):
+            array = values.to_numpy(zero_copy_only=False)
+        else:
+            array = values.to_numpy(zero_copy_only=values.null_count == 0)
+        view = (chunk.offsets.to_numpy(), array)
+        self._views[chunk_index] = view
+        if len(self._views) > self._CACHED_CHUNKS:
+            self._views.popitem(last=False)
+        return view
 
     def row(self, index: int) -> np.ndarray:
-        chunk = bisect.bisect_right(self._starts, index) - 1
-        local = index - self._starts[chunk]
-        offsets = self._offsets[chunk]
-        return self._values[chunk][offsets[local] : offsets[local + 1]]
+        if self._single:
+            chunk, local = 0, index
+        else:
+            chunk = int(np.searchsorted(self._starts, index, side="right")) - 1
+            local = index - int(self._starts[chunk])
+        offsets, values = self._view(chunk)
+        return values[offsets[local] : offsets[local + 1]]
+
+    def lengths(self) -> np.ndarray:
+        """Every row's length, from the offsets alone (no values are read)."""
+        return np.concatenate([np.diff(self._view(i)[0]) for i in range(len(self._chunks))]) if self._chunks else np.zeros(0, np.int64)
 
 
 def _arrow_table(dataset: Any) -> pa.Table:
@@ -100,12 +134,13 @@ class ArrowSource(TuneIterableDataset):
         dataset: a ``datasets.Dataset`` (memory-mapped cache) or ``pyarrow.Table`` with an
             ``input_ids`` list column and optionally a ``loss_mask`` list column.
         dataset_name: the source's name; namespaces state and metrics (the manager name).
-        seed: base seed; pass ``e`` uses the permutation seeded by ``(seed, name, e)``.
+        seed: base seed; pass ``e`` uses the permutation keyed by ``(seed, name, e)``.
         shuffle: permute rows every pass; ``False`` keeps file order.
         rank, world_size: the DDP coordinates, captured in the main process.
         num_passes: stop after this many passes; ``None`` (default) means infinite.
         message_transform, model_transform, output_transform: optional per-sample callables
-            applied in that order to each document sample (seeds 000/002).
+            applied in that order to each document sample. They must be deterministic: a
+            resume re-reads documents held in open packs and transforms them again.
         filter_fn: optional predicate ``filter_fn(sample, **filter_kwargs) -> bool``; ``False``
             skips the sample.
         filter_kwargs: keyword arguments for ``filter_fn``.
@@ -113,7 +148,12 @@ class ArrowSource(TuneIterableDataset):
             before iteration fails with the first failure's traceback and row.
         max_seq_len: with ``overlong``, the policy for documents longer than this.
         overlong: ``"truncate"`` (keep the first ``max_seq_len`` tokens) or ``"drop"``; both are
-            counted in the state (``overlong_truncated`` / ``overlong_dropped``).
+            counted, and each yielded document says how many tokens it lost
+            (``truncated_tokens``) and how many documents were dropped before it
+            (``dropped_before``).
+
+    Empty documents are skipped and counted (``empty_skipped``); a pass that yields nothing
+    raises an error naming the source and the shard instead of looping forever.
     """
 
     def __init__(
@@ -154,15 +194,15 @@ class ArrowSource(TuneIterableDataset):
         self._num_rows = len(dataset) if not isinstance(dataset, pa.Table) else dataset.num_rows
         if self._num_rows == 0:
             raise ValueError(f"Source '{dataset_name}' has no rows; check its data files and filters.")
-        self._epoch = 0
-        self._position = 0
-        self._counters = {_ERRORS: 0, _FILTERED: 0, _TRUNCATED: 0, _DROPPED: 0}
+        self._counters = SourceCounters()
         self._first_failure: str | None = None
+        self._dropped_since_yield = 0
+        self._walk: ShardPasses | None = None
+        self._remaining: dict[str, Any] | None = None  # set by load_global_state, split on first use
         # Built lazily in the process that iterates (a dataloader worker, usually).
         self._input_ids: _ListColumn | None = None
         self._loss_mask: _ListColumn | None = None
-        self._order_epoch = -1
-        self._order: np.ndarray | None = None
+        self._permutations: dict[int, KeyedPermutation] = {}
 
     # -- contract -------------------------------------------------------------------------
     @property
@@ -173,50 +213,74 @@ class ArrowSource(TuneIterableDataset):
     def num_rows(self) -> int:
         return self._num_rows
 
+    @property
+    def counters(self) -> dict[str, int]:
+        """What this shard skipped so far, by reason (see :class:`SourceCounters`)."""
+        return self._counters.state_dict()
+
     def rows_per_shard(self, shard: ShardInfo) -> int:
-        """Rows each shard visits per pass (the same for every shard)."""
+        """Rows each shard visits per pass of its layout (the same for every shard)."""
         return self._num_rows // shard.num_shards
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_input_ids"] = state["_loss_mask"] = state["_order"] = None
-        state["_order_epoch"] = -1
+        state["_input_ids"] = state["_loss_mask"] = None
+        state["_permutations"] = {}
         return state
 
-    def state_dict(self) -> dict[str, Any]:
+    def _shard_walk(self) -> ShardPasses:
+        """This shard's walk: resolved from a loaded global state on first use, else fresh."""
         shard = current_shard(self.rank, self.world_size)
-        return {
-            self._name: {
-                _EPOCH: self._epoch,
-                _POSITION: self._position,
-                _NUM_ROWS: self._num_rows,
-                _NUM_SHARDS: shard.num_shards,
-                _SHARD_ID: shard.shard_id,
-                **self._counters,
-            }
-        }
+        if self._remaining is not None:
+            remaining, self._remaining = self._remaining, None
+            self._walk = split_remaining(remaining[_WALK], self._num_rows, shard.num_shards, shard.shard_id)
+            self._counters = SourceCounters.from_state(remaining[_COUNTERS]) if shard.shard_id == 0 else SourceCounters()
+        elif self._walk is None:
+            self._walk = ShardPasses(self._num_rows, shard.num_shards, shard.shard_id)
+        elif (self._walk.num_shards, self._walk.shard_id) != (shard.num_shards, shard.shard_id):
+            raise shard_mismatch_error(self._name, self._walk.shard_id, self._walk.num_shards, shard)
+        return self._walk
+
+    def state_dict(self) -> dict[str, Any]:
+        return {self._name: {_WALK: self._shard_walk().state_dict(), _COUNTERS: self._counters.state_dict()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         own = self._own_state(state_dict)
+        self._check_rows(own[_WALK])
+        walk = ShardPasses.from_state(own[_WALK])
         shard = current_shard(self.rank, self.world_size)
-        if own[_NUM_ROWS] != self._num_rows:
-            raise ValueError(
-                f"Source '{self._name}': the checkpoint was written for {own[_NUM_ROWS]} rows but the "
-                f"cache now has {self._num_rows}. The data changed; resume is not exact. Start a new run "
-                "or restore the original data files."
-            )
-        if own[_NUM_SHARDS] != shard.num_shards or own[_SHARD_ID] != shard.shard_id:
-            raise ValueError(
-                f"Source '{self._name}': the checkpoint was written by shard {own[_SHARD_ID]} of "
-                f"{own[_NUM_SHARDS]} (world_size x num_workers) but this is shard {shard.shard_id} of "
-                f"{shard.num_shards}. Resume with the same world size and num_workers."
-            )
-        self._epoch = int(own[_EPOCH])
-        self._position = int(own[_POSITION])
-        for key in self._counters:
-            self._counters[key] = int(own.get(key, 0))
+        if (walk.num_shards, walk.shard_id) != (shard.num_shards, shard.shard_id):
+            raise shard_mismatch_error(self._name, walk.shard_id, walk.num_shards, shard)
+        self._walk = walk
+        self._remaining = None
+        self._counters = SourceCounters.from_state(own[_COUNTERS])
 
-    # -- iteration ------------------------------------------------------------------------
+    def merge_shard_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        """What every old shard left unread, from all their states (for a resume with another layout)."""
+        owns = [self._own_state(s) for s in states]
+        for own in owns:
+            self._check_rows(own[_WALK])
+        return {
+            self._name: {
+                _WALK: merge_remaining([own[_WALK] for own in owns], self._name),
+                _COUNTERS: SourceCounters.total([own[_COUNTERS] for own in owns]).state_dict(),
+            }
+        }
+
+    def load_global_state(self, global_state: dict[str, Any]) -> None:
+        self._remaining = self._own_state(global_state)
+        self._walk = None
+
+    def _check_rows(self, walk_state: dict[str, Any]) -> None:
+        saved = int(walk_state["num_rows"])
+        if saved != self._num_rows:
+            raise ValueError(
+                f"Source '{self._name}': the checkpoint was written for {saved} rows but the cache now has "
+                f"{self._num_rows}. The data changed, so the saved position means nothing; restore the original "
+                "data files, or resume with `resume_data_state: false` to start the data from the beginning."
+            )
+
+    # -- reading --------------------------------------------------------------------------
     def _columns(self) -> None:
         if self._input_ids is not None:
             return
@@ -230,58 +294,74 @@ class ArrowSource(TuneIterableDataset):
         if LOSS_MASK in table.column_names:
             self._loss_mask = _ListColumn(table.column(LOSS_MASK), LOSS_MASK, self._name)
 
-    def _shard_order(self, shard: ShardInfo) -> np.ndarray:
-        """Rows this shard visits in the current pass, in order."""
-        if self._order_epoch != self._epoch or self._order is None:
-            if self.shuffle:
-                rng = np.random.default_rng([self.seed, _name_key(self._name), self._epoch])
-                permutation = rng.permutation(self._num_rows)
-            else:
-                permutation = np.arange(self._num_rows)
-            per_shard = self.rows_per_shard(shard)
-            self._order = permutation[shard.shard_id : per_shard * shard.num_shards : shard.num_shards]
-            self._order_epoch = self._epoch
-        return self._order
+    def _permutation(self, epoch: int) -> KeyedPermutation:
+        permutation = self._permutations.get(epoch)
+        if permutation is None:
+            key = permutation_key(self.seed, self._name, epoch)
+            permutation = KeyedPermutation(self._num_rows, key, shuffle=self.shuffle)
+            self._permutations = {epoch: permutation}
+        return permutation
 
-    def _document(self, row: int) -> dict[str, Any]:
-        sample: dict[str, Any] = {INPUT_IDS: self._input_ids.row(row), SOURCE: self._name, EPOCH: self._epoch}
+    def _document(self, row: int, epoch: int) -> dict[str, Any]:
+        sample: dict[str, Any] = {INPUT_IDS: self._input_ids.row(row), SOURCE: self._name, EPOCH: epoch, SOURCE_ROW: row}
         if self._loss_mask is not None:
             sample[LOSS_MASK] = self._loss_mask.row(row).astype(bool, copy=False)
         return sample
 
-    def _transformed(self, sample: dict[str, Any], row: int) -> dict[str, Any] | None:
+    def _transformed(self, sample: dict[str, Any], row: int, count: bool = True) -> dict[str, Any] | None:
         """Apply transforms and filter; ``None`` means skip. Raises past the error budget."""
         try:
             for transform in self._transforms:
                 sample = transform(sample)
             if self._filter_fn is not None and not self._filter_fn(sample, **self._filter_kwargs):
-                self._counters[_FILTERED] += 1
+                self._counters.filtered += count
                 return None
         except Exception:  # noqa: BLE001 - user transforms may raise anything; we count and re-raise
-            self._counters[_ERRORS] += 1
+            if not count:
+                return None
+            self._counters.errors += 1
             if self._first_failure is None:
                 self._first_failure = f"row {row}:\n{traceback.format_exc()}"
-            if self._counters[_ERRORS] > self.max_error_count:
+            if self._counters.errors > self.max_error_count:
                 raise RuntimeError(
-                    f"Source '{self._name}': {self._counters[_ERRORS]} samples failed their transforms, "
+                    f"Source '{self._name}': {self._counters.errors} samples failed their transforms, "
                     f"more than max_error_count={self.max_error_count}. First failure at "
                     f"{self._first_failure}Fix the transform or raise max_error_count on this source."
                 ) from None
             return None
+        sample.setdefault(SOURCE_ROW, row)
         return sample
 
-    def _apply_length_policy(self, sample: dict[str, Any]) -> dict[str, Any] | None:
-        if self.max_seq_len is None or len(sample[INPUT_IDS]) <= self.max_seq_len:
+    def _apply_length_policy(self, sample: dict[str, Any], count: bool = True) -> dict[str, Any] | None:
+        length = len(sample[INPUT_IDS])
+        if length == 0:
+            self._counters.empty_skipped += count
+            return None
+        if self.max_seq_len is None or length <= self.max_seq_len:
             return sample
         if self.overlong == "drop":
-            self._counters[_DROPPED] += 1
+            self._counters.overlong_dropped += count
+            self._dropped_since_yield += count
             return None
-        self._counters[_TRUNCATED] += 1
+        self._counters.overlong_truncated += count
         sample = dict(sample)
         sample[INPUT_IDS] = sample[INPUT_IDS][: self.max_seq_len]
         if LOSS_MASK in sample:
             sample[LOSS_MASK] = sample[LOSS_MASK][: self.max_seq_len]
+        sample[TRUNCATED_TOKENS] = length - self.max_seq_len
         return sample
+
+    def read_document(self, source: str, row: int, epoch: int) -> dict[str, Any] | None:
+        """Document ``row`` as this source yields it in pass ``epoch`` (``None`` if it is not ours)."""
+        if source != self._name:
+            return None
+        self._columns()
+        sample = self._document(int(row), int(epoch))
+        if self._transforms or self._filter_fn is not None:
+            sample = self._transformed(sample, int(row), count=False)
+            if sample is None:
+                return None
+        return self._apply_length_policy(sample, count=False)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         shard = current_shard(self.rank, self.world_size)
@@ -291,31 +371,36 @@ class ArrowSource(TuneIterableDataset):
                 f"(world_size={shard.world_size} x num_workers={shard.num_workers}). Lower num_workers or "
                 "add data."
             )
+        walk = self._shard_walk()
         self._columns()
         plain = not self._transforms and self._filter_fn is None
-        while self.num_passes is None or self._epoch < self.num_passes:
-            order = self._shard_order(shard)
-            started_at_zero = self._position == 0
+        while self.num_passes is None or walk.epoch < self.num_passes:
+            plan, epoch = walk.plan, walk.epoch
+            judged = plan.untouched_fresh and len(plan) > 0
+            before = self._counters.snapshot()
             yielded = 0
-            while self._position < len(order):
-                row = int(order[self._position])
-                self._position += 1
-                sample = self._document(row)
-                if not plain:
-                    sample = self._transformed(sample, row)
+            permutation = self._permutation(epoch)
+            while not plan.done:
+                for row in permutation(plan.upcoming(_BLOCK)).tolist():
+                    plan.advance()
+                    sample = self._document(row, epoch)
+                    if not plain:
+                        sample = self._transformed(sample, row)
+                        if sample is None:
+                            continue
+                    sample = self._apply_length_policy(sample)
                     if sample is None:
                         continue
-                sample = self._apply_length_policy(sample)
-                if sample is None:
-                    continue
-                yielded += 1
-                yield sample
-            if started_at_zero and yielded == 0:
+                    if self._dropped_since_yield:
+                        sample[DROPPED_BEFORE] = self._dropped_since_yield
+                        self._dropped_since_yield = 0
+                    yielded += 1
+                    yield sample
+            if judged and yielded == 0:
+                skipped = self._counters.since(before)
                 raise RuntimeError(
                     f"Source '{self._name}': a full pass over shard {shard.shard_id} of {shard.num_shards} "
-                    f"({len(order)} rows) produced no samples (filtered: {self._counters[_FILTERED]}, "
-                    f"failed: {self._counters[_ERRORS]}, overlong dropped: {self._counters[_DROPPED]}). "
-                    "Check filter_fn, the transforms and the overlong policy."
+                    f"({len(plan)} rows) produced no usable document ({skipped}). Check the data (empty "
+                    "documents are skipped), filter_fn, the transforms and the overlong policy."
                 )
-            self._epoch += 1
-            self._position = 0
+            walk.next_pass()

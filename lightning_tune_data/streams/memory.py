@@ -2,8 +2,9 @@
 
 Users can bring their own tokenised documents as a plain list (token-id lists or document
 dicts) and get the same stream semantics as the cached Arrow sources: the order of pass ``p``
-is a pure function of ``(seed, p)``, every (rank, dataloader worker) shard gets a disjoint slice
-of the same size, and the state is two integers.
+is a pure function of ``(seed, name, p)``, every (rank, dataloader worker) shard gets a disjoint
+slice of the same size, the state is a few integers, and a resume with another number of ranks
+or workers continues the pass in progress without losing or repeating a document.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from typing import Any
 import numpy as np
 
 from lightning_tune_data.distributed import current_shard
-from lightning_tune_data.streams.base import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, TuneIterableDataset
+from lightning_tune_data.streams.base import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, SOURCE_ROW, TuneIterableDataset
+from lightning_tune_data.streams.pass_order import ShardPasses, merge_remaining, split_remaining
+from lightning_tune_data.streams.permutation import KeyedPermutation, permutation_key
+from lightning_tune_data.streams.source_state import shard_mismatch_error
+
+_WALK = "walk"
+_BLOCK = 512
 
 __all__ = ["InMemoryStream"]
 
@@ -63,16 +70,15 @@ def _to_document(item: Any, index: int, dataset_name: str) -> dict[str, Any]:
 class InMemoryStream(TuneIterableDataset):
     """Stream over an in-memory list of documents, sharded by (rank, worker) and reshuffled per pass.
 
-    Each pass visits a permutation of the documents (``np.random.default_rng([seed, pass])``, or
-    the identity when ``shuffle=False``). A shard keeps every ``num_shards``-th entry of that
-    permutation starting at its ``shard_id`` and truncates to ``len(data) // num_shards`` entries,
-    so every shard of every rank yields the same number of documents per pass (a rank can never
-    run dry before the others). Up to ``num_shards - 1`` documents per pass are left out; which
-    ones changes every pass.
+    Each pass visits a keyed permutation of the documents (or the input order when
+    ``shuffle=False``). Shard ``t`` of ``S`` (``world_size × num_workers``) takes every ``S``-th
+    position of it from ``t``, ``len(data) // S`` documents per pass, so every shard of every
+    rank yields the same number of documents per pass (a rank can never run dry before the
+    others). Up to ``S - 1`` documents per pass are left out; which ones changes every pass.
 
     Samples are document samples (see ``streams/base.py``): ``input_ids`` (``np.int64``),
     ``loss_mask`` (when the input had one), ``source`` (= ``dataset_name``), ``epoch`` (= pass),
-    plus any other keys of an input document dict.
+    ``source_row`` (the index in ``data``), plus any other keys of an input document dict.
 
     A finite stream (``num_passes`` set) raises ``StopIteration`` after its last pass; calling
     ``iter()`` again on a finished stream starts it over from pass 0 (like a list).
@@ -114,17 +120,25 @@ class InMemoryStream(TuneIterableDataset):
             raise ValueError(f"Stream '{dataset_name}' was given no documents; pass a non-empty list.")
         self._dataset_name = dataset_name
         self._docs = [_to_document(item, i, dataset_name) for i, item in enumerate(data)]
-        self._seed = int(seed) % 2**64  # numpy seeds must be non-negative
+        self._seed = int(seed) % 2**64
         self._shuffle = bool(shuffle)
         self._num_passes = num_passes
         self._rank = rank
         self._world_size = world_size
-        self._pass = 0
-        self._position = 0  # documents of the current pass already yielded by this shard
+        self._walk: ShardPasses | None = None
+        self._remaining: list[dict[str, Any]] | None = None
 
     @property
     def dataset_name(self) -> str:
         return self._dataset_name
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
 
     def __len__(self) -> int:
         """Number of documents held (all shards together)."""
@@ -133,69 +147,96 @@ class InMemoryStream(TuneIterableDataset):
     @property
     def epochs_completed(self) -> int:
         """Completed passes over this shard."""
-        return self._pass
+        walk = self._shard_walk()
+        return walk.epoch + int(walk.plan.done)
+
+    def _key_permutation(self, pass_index: int) -> KeyedPermutation:
+        return KeyedPermutation(len(self._docs), permutation_key(self._seed, self._dataset_name, pass_index), self._shuffle)
 
     def permutation(self, pass_index: int) -> np.ndarray:
-        """Order of all documents in pass ``pass_index`` (before sharding); pure in ``(seed, pass)``.
+        """Order of all documents in pass ``pass_index`` (before sharding); pure in ``(seed, name, pass)``.
 
         Args:
             pass_index: 0-based pass number.
         """
-        n = len(self._docs)
-        if not self._shuffle:
-            return np.arange(n)
-        return np.random.default_rng([self._seed, pass_index]).permutation(n)
+        return self._key_permutation(pass_index)(np.arange(len(self._docs)))
 
-    def _finished(self) -> bool:
-        return self._num_passes is not None and self._pass >= self._num_passes
+    def _shard_walk(self) -> ShardPasses:
+        shard = current_shard(self._rank, self._world_size)
+        if self._remaining is not None:
+            remaining, self._remaining = self._remaining, None
+            self._walk = split_remaining(remaining, len(self._docs), shard.num_shards, shard.shard_id)
+        elif self._walk is None:
+            self._walk = ShardPasses(len(self._docs), shard.num_shards, shard.shard_id)
+        elif (self._walk.num_shards, self._walk.shard_id) != (shard.num_shards, shard.shard_id):
+            raise shard_mismatch_error(self._dataset_name, self._walk.shard_id, self._walk.num_shards, shard)
+        return self._walk
+
+    def _finished(self, walk: ShardPasses) -> bool:
+        return self._num_passes is not None and walk.epoch >= self._num_passes
+
+    def _sample(self, index: int, epoch: int) -> dict[str, Any]:
+        doc = self._docs[index]
+        sample = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in doc.items()}
+        sample[SOURCE] = self._dataset_name
+        sample[EPOCH] = epoch
+        sample[SOURCE_ROW] = index
+        return sample
+
+    def read_document(self, source: str, row: int, epoch: int) -> dict[str, Any] | None:
+        """Document ``row`` as yielded in pass ``epoch`` (``None`` if ``source`` is another stream)."""
+        return self._sample(int(row), int(epoch)) if source == self._dataset_name else None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         shard = current_shard(self._rank, self._world_size)
-        per_shard = len(self._docs) // shard.num_shards
-        if per_shard == 0:
+        if len(self._docs) // shard.num_shards == 0:
             raise ValueError(
                 f"Stream '{self._dataset_name}' has {len(self._docs)} documents but "
                 f"{shard.num_shards} shards (world_size={shard.world_size} x "
                 f"num_workers={shard.num_workers}); every shard needs at least one document. "
                 "Use fewer dataloader workers/ranks or more data."
             )
-        if self._finished():  # a new round over a finished finite stream
-            self._pass, self._position = 0, 0
-        order: np.ndarray | None = None
-        order_pass = -1
+        walk = self._shard_walk()
+        if self._finished(walk):  # a new round over a finished finite stream
+            walk = self._walk = ShardPasses(len(self._docs), shard.num_shards, shard.shard_id)
         while True:
-            if self._position >= per_shard:  # roll over lazily: the end is found on the next call
-                self._pass += 1
-                self._position = 0
-                if self._finished():
+            if walk.plan.done:  # roll over lazily: the end is found on the next call
+                walk.next_pass()
+                if self._finished(walk):
                     return
-            if order_pass != self._pass:
-                order = self.permutation(self._pass)[shard.shard_id :: shard.num_shards][:per_shard]
-                order_pass = self._pass
-            doc = self._docs[int(order[self._position])]
-            sample = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in doc.items()}
-            sample[SOURCE] = self._dataset_name
-            sample[EPOCH] = self._pass
-            self._position += 1
-            yield sample
+                continue
+            plan, epoch = walk.plan, walk.epoch
+            for index in self._key_permutation(epoch)(plan.upcoming(_BLOCK)).tolist():
+                plan.advance()
+                yield self._sample(index, epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            self._dataset_name: {
-                "pass": self._pass,
-                "position": self._position,
-                "num_documents": len(self._docs),
-            }
-        }
+        return {self._dataset_name: {_WALK: self._shard_walk().state_dict()}}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        own = self._own_state(state_dict)
-        n = own.get("num_documents", len(self._docs))
+    def _check_count(self, walk_state: dict[str, Any]) -> None:
+        n = int(walk_state["num_rows"])
         if n != len(self._docs):
             raise ValueError(
                 f"The saved state of stream '{self._dataset_name}' was written over {n} documents, "
                 f"but this stream holds {len(self._docs)}; the data changed since the checkpoint. "
                 "Rebuild the stream from the same data, or start without the saved data state."
             )
-        self._pass = int(own["pass"])
-        self._position = int(own["position"])
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        own = self._own_state(state_dict)
+        self._check_count(own[_WALK])
+        walk = ShardPasses.from_state(own[_WALK])
+        shard = current_shard(self._rank, self._world_size)
+        if (walk.num_shards, walk.shard_id) != (shard.num_shards, shard.shard_id):
+            raise shard_mismatch_error(self._dataset_name, walk.shard_id, walk.num_shards, shard)
+        self._walk, self._remaining = walk, None
+
+    def merge_shard_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        owns = [self._own_state(s)[_WALK] for s in states]
+        for own in owns:
+            self._check_count(own)
+        return {self._dataset_name: merge_remaining(owns, self._dataset_name)}
+
+    def load_global_state(self, global_state: dict[str, Any]) -> None:
+        self._remaining = self._own_state(global_state)
+        self._walk = None

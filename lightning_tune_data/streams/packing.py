@@ -33,10 +33,16 @@ In ``greedy``/``best_fit`` a document is never split; one longer than ``max_seq_
 truncated to ``max_seq_len`` (``overlong="truncate"``) or dropped (``"drop"``), and counted.
 Empty documents are dropped and counted.
 
-Everything is deterministic given the input order, and the open packs and the queue of finished
-packs are part of the state (as tensors), so a new object that loads the state continues with
-exactly the packs the original would have produced. When a finite child ends, the open packs are
-emitted oldest first and the stream ends; the next ``iter()`` starts a new round.
+Everything is deterministic given the input order. The state holds the open packs and the
+queue of finished packs *by reference*: per piece its source, row, pass, token range and flags,
+never token ids (plain lists, a few bytes per piece whatever ``max_seq_len`` is). Loading it
+re-reads those documents from the sources, so a new object continues with exactly the packs the
+original would have produced. Only documents that cannot be re-read (a streaming source's) keep
+their tokens in the state. Resuming with another number of ranks or workers hands the pieces held
+in every old shard's packs out to the new shards, which pack them first.
+
+When a finite child ends, the open packs are emitted oldest first and the stream ends; the next
+``iter()`` starts a new round.
 """
 
 from __future__ import annotations
@@ -47,9 +53,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
-from lightning_tune_data.streams.base import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, TuneIterableDataset
+from lightning_tune_data.distributed import current_shard
+from lightning_tune_data.streams.base import (
+    DROPPED_BEFORE,
+    EPOCH,
+    INPUT_IDS,
+    LOSS_MASK,
+    SOURCE,
+    SOURCE_ROW,
+    TRUNCATED_TOKENS,
+    TuneIterableDataset,
+)
 
 __all__ = ["IterablePackedDataset", "PACKING_STRATEGIES", "OVERLONG_POLICIES", "IGNORE_INDEX"]
 
@@ -62,16 +77,45 @@ _END = object()
 
 @dataclass
 class _Piece:
-    """A document, or the part of one, placed in a pack."""
+    """A document, or the part ``[start, start + len)`` of one, placed in a pack.
+
+    ``row is None`` means the document cannot be re-read from its source: its tokens travel in
+    the state instead (``loss_mask`` is kept for that).
+    """
 
     input_ids: np.ndarray
     labels: np.ndarray
     source: str
     epoch: int
+    row: int | None
+    start: int = 0
     new_document: bool = True
+    truncated_tokens: int = 0
+    dropped_before: int = 0
+    loss_mask: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    def part(self, offset: int, length: int) -> _Piece:
+        """The sub-piece ``[offset, offset + length)`` of this piece, its last label masked."""
+        labels = self.labels[offset : offset + length].copy()
+        labels[-1] = IGNORE_INDEX
+        mask = None if self.loss_mask is None else self.loss_mask[offset : offset + length]
+        first = offset == 0
+        return _Piece(self.input_ids[offset : offset + length], labels, self.source, self.epoch, self.row,
+                      self.start + offset, self.new_document and first, self.truncated_tokens if first else 0,
+                      self.dropped_before if first else 0, mask)
+
+    def provenance(self) -> dict[str, Any]:
+        return {
+            SOURCE: self.source,
+            EPOCH: self.epoch,
+            "tokens": len(self),
+            "new_document": self.new_document,
+            TRUNCATED_TOKENS: self.truncated_tokens,
+            DROPPED_BEFORE: self.dropped_before,
+        }
 
 
 @dataclass
@@ -91,51 +135,72 @@ class _Pack:
             "position_ids": np.concatenate([np.arange(n, dtype=np.int64) for n in lens]),
             "document_ids": np.repeat(np.arange(len(lens), dtype=np.int64), lens),
             "seq_lens": lens,
-            "provenance": [
-                {"source": p.source, "epoch": p.epoch, "tokens": len(p), "new_document": p.new_document}
-                for p in self.pieces
-            ],
+            "provenance": [p.provenance() for p in self.pieces],
         }
 
 
-def _packs_to_state(packs: list[_Pack]) -> dict[str, Any]:
-    """All packs' tokens as two flat int32 tensors plus plain lists.
+# Keys of the by-reference pack state (one list entry per piece, in pack order).
+_SOURCES = "sources"
+_PACK_PIECES = "pack_pieces"
+_PIECE_COLUMNS = ("source", "row", "epoch", "start", "length", "new_document", "truncated_tokens", "dropped_before")
+_INLINE = "inline"
 
-    A state travels from every dataloader worker with every batch, and each tensor costs a
-    shared-memory segment: two flat tensors instead of two per pack keep that cheap.
-    """
+
+def _pieces_to_state(packs: list[_Pack]) -> dict[str, Any]:
+    """Packs as plain lists of piece references (see the module docstring)."""
     pieces = [piece for pack in packs for piece in pack.pieces]
-
-    def flat(arrays: list[np.ndarray]) -> torch.Tensor:
-        if not arrays:
-            return torch.empty(0, dtype=torch.int32)
-        return torch.from_numpy(np.concatenate(arrays).astype(np.int32, copy=False))
-
+    sources = sorted({p.source for p in pieces})
+    index = {name: i for i, name in enumerate(sources)}
+    inline = {}
+    for position, piece in enumerate(pieces):
+        if piece.row is None:
+            inline[str(position)] = {
+                INPUT_IDS: piece.input_ids.tolist(),
+                LOSS_MASK: None if piece.loss_mask is None else piece.loss_mask.tolist(),
+                "labels": piece.labels.tolist(),
+            }
     return {
-        "pack_pieces": [len(pack.pieces) for pack in packs],
-        "input_ids": flat([p.input_ids for p in pieces]),
-        "labels": flat([p.labels for p in pieces]),
-        "seq_lens": [len(p) for p in pieces],
-        "sources": [p.source for p in pieces],
-        "epochs": [p.epoch for p in pieces],
-        "new_document": [p.new_document for p in pieces],
+        _SOURCES: sources,
+        _PACK_PIECES: [len(pack.pieces) for pack in packs],
+        "source": [index[p.source] for p in pieces],
+        "row": [-1 if p.row is None else int(p.row) for p in pieces],
+        "epoch": [int(p.epoch) for p in pieces],
+        "start": [int(p.start) for p in pieces],
+        "length": [len(p) for p in pieces],
+        "new_document": [bool(p.new_document) for p in pieces],
+        "truncated_tokens": [int(p.truncated_tokens) for p in pieces],
+        "dropped_before": [int(p.dropped_before) for p in pieces],
+        _INLINE: inline,
     }
 
 
-def _packs_from_state(state: dict[str, Any]) -> list[_Pack]:
-    ids = np.asarray(state["input_ids"], dtype=np.int64)
-    labels = np.asarray(state["labels"], dtype=np.int64)
-    pieces = zip(state["seq_lens"], state["sources"], state["epochs"], state["new_document"])
-    packs, start = [], 0
-    for count in state["pack_pieces"]:
-        pack = _Pack()
-        for _ in range(int(count)):
-            n, source, epoch, new = next(pieces)
-            n = int(n)
-            pack.add(_Piece(ids[start : start + n], labels[start : start + n], source, int(epoch), bool(new)))
-            start += n
-        packs.append(pack)
-    return packs
+def _concat_piece_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pieces of several states (shards) as one state with one pack per piece, in order."""
+    sources = sorted({name for state in states for name in state[_SOURCES]})
+    index = {name: i for i, name in enumerate(sources)}
+    merged: dict[str, Any] = {_SOURCES: sources, _PACK_PIECES: [], _INLINE: {}, **{c: [] for c in _PIECE_COLUMNS}}
+    for state in states:
+        offset = len(merged["row"])
+        count = len(state["row"])
+        for column in _PIECE_COLUMNS:
+            values = state[column]
+            merged[column].extend(index[state[_SOURCES][v]] for v in values) if column == "source" else merged[column].extend(values)
+        for key, value in state[_INLINE].items():
+            merged[_INLINE][str(offset + int(key))] = value
+        merged[_PACK_PIECES].extend([1] * count)
+    return merged
+
+
+def _take_pieces(state: dict[str, Any], shard_id: int, num_shards: int) -> dict[str, Any]:
+    """Pieces ``shard_id::num_shards`` of a merged piece state (one pack per piece)."""
+    chosen = list(range(len(state["row"])))[shard_id::num_shards]
+    taken: dict[str, Any] = {_SOURCES: state[_SOURCES], _PACK_PIECES: [1] * len(chosen), _INLINE: {}}
+    for column in _PIECE_COLUMNS:
+        taken[column] = [state[column][i] for i in chosen]
+    for new, old in enumerate(chosen):
+        if str(old) in state[_INLINE]:
+            taken[_INLINE][str(new)] = state[_INLINE][str(old)]
+    return taken
 
 
 def document_labels(input_ids: np.ndarray, loss_mask: np.ndarray | None) -> np.ndarray:
@@ -192,6 +257,7 @@ class IterablePackedDataset(TuneIterableDataset):
         self._ready: collections.deque[_Pack] = collections.deque()
         self._child_exhausted = False
         self._finished = False
+        self._remaining: dict[str, Any] | None = None  # set by load_global_state, taken on first use
         self._counters = {
             "packs": 0,
             "documents": 0,
@@ -246,6 +312,7 @@ class IterablePackedDataset(TuneIterableDataset):
                     f"shape {mask.shape} but '{INPUT_IDS}' has {ids.shape}; give one flag per token."
                 )
         self._counters["documents"] += 1
+        truncated = int(sample.get(TRUNCATED_TOKENS, 0))
         if len(ids) == 0:
             self._counters["empty_dropped"] += 1
             return None
@@ -254,9 +321,13 @@ class IterablePackedDataset(TuneIterableDataset):
                 self._counters["overlong_dropped"] += 1
                 return None
             self._counters["overlong_truncated"] += 1
+            truncated += len(ids) - self._max_seq_len
             ids = ids[: self._max_seq_len]
             mask = None if mask is None else mask[: self._max_seq_len]
-        return _Piece(ids.copy(), document_labels(ids, mask), source, int(sample.get(EPOCH, 0)))
+        row = sample.get(SOURCE_ROW)
+        return _Piece(ids.copy(), document_labels(ids, mask), source, int(sample.get(EPOCH, 0)),
+                      None if row is None else int(row), 0, True, truncated, int(sample.get(DROPPED_BEFORE, 0)),
+                      None if row is not None or mask is None else mask.copy())
 
     def _add(self, piece: _Piece) -> None:
         cap = self._max_seq_len
@@ -267,10 +338,7 @@ class IterablePackedDataset(TuneIterableDataset):
             while offset < n:
                 pack = self._open[0]
                 take = min(cap - pack.length, n - offset)
-                labels = piece.labels[offset : offset + take].copy()
-                labels[-1] = IGNORE_INDEX
-                pack.add(_Piece(piece.input_ids[offset : offset + take], labels, piece.source,
-                                piece.epoch, new_document=offset == 0))
+                pack.add(piece.part(offset, take))
                 offset += take
                 if pack.length == cap:
                     self._ready.append(pack)
@@ -311,6 +379,7 @@ class IterablePackedDataset(TuneIterableDataset):
 
     # -- packs out -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._resolve()
         if self._finished:  # new round over a finished finite child
             self._finished = False
             self._child_exhausted = False
@@ -335,33 +404,113 @@ class IterablePackedDataset(TuneIterableDataset):
             if piece is not None:
                 self._add(piece)
 
+    # -- state -----------------------------------------------------------------------------
+    def _piece_from_reference(self, state: dict[str, Any], index: int) -> _Piece:
+        source = state[_SOURCES][state["source"][index]]
+        row, epoch = int(state["row"][index]), int(state["epoch"][index])
+        start, length = int(state["start"][index]), int(state["length"][index])
+        inline = state[_INLINE].get(str(index))
+        if inline is not None:
+            ids = np.asarray(inline[INPUT_IDS], dtype=np.int64)
+            labels = np.asarray(inline["labels"], dtype=np.int64)
+            mask = None if inline[LOSS_MASK] is None else np.asarray(inline[LOSS_MASK], dtype=bool)
+            reference = None
+        else:
+            document = self._child.read_document(source, row, epoch)
+            if document is None or len(document[INPUT_IDS]) < start + length:
+                raise ValueError(
+                    f"Packer '{self._dataset_name}': the saved state holds tokens {start}..{start + length} of row "
+                    f"{row} of source '{source}' (pass {epoch}), which the source can no longer provide. The data "
+                    "changed since the checkpoint; restore it, or resume with `resume_data_state: false`."
+                )
+            full_ids = np.asarray(document[INPUT_IDS], dtype=np.int64)
+            full_mask = document.get(LOSS_MASK)
+            full_mask = None if full_mask is None else np.asarray(full_mask, dtype=bool)
+            ids = full_ids[start : start + length].copy()
+            labels = document_labels(full_ids, full_mask)[start : start + length]
+            labels[-1] = IGNORE_INDEX
+            mask, reference = None, row
+        return _Piece(ids, labels, source, epoch, reference, start, bool(state["new_document"][index]),
+                      int(state["truncated_tokens"][index]), int(state["dropped_before"][index]), mask)
+
+    def _packs_from_state(self, state: dict[str, Any]) -> list[_Pack]:
+        packs, index = [], 0
+        for count in state[_PACK_PIECES]:
+            pack = _Pack()
+            for _ in range(int(count)):
+                pack.add(self._piece_from_reference(state, index))
+                index += 1
+            packs.append(pack)
+        return packs
+
+    def _resolve(self) -> None:
+        """Pack this shard's share of the pieces held by an old layout (on first use)."""
+        if self._remaining is None:
+            return
+        remaining, self._remaining = self._remaining, None
+        shard = current_shard(getattr(self._child, "rank", 0), getattr(self._child, "world_size", 1))
+        self._open, self._ready = [], collections.deque()
+        if shard.shard_id == 0:
+            self._counters = {k: int(v) for k, v in remaining["counters"].items()}
+        for pack in self._packs_from_state(_take_pieces(remaining["held"], shard.shard_id, shard.num_shards)):
+            self._add(pack.pieces[0])
+
     def state_dict(self) -> dict[str, Any]:
+        self._resolve()
         return {
             self._dataset_name: {
                 "strategy": self._strategy,
                 "max_seq_len": self._max_seq_len,
                 "counters": dict(self._counters),
                 "num_open": len(self._open),
-                "packs": _packs_to_state(self._open + list(self._ready)),
+                "packs": _pieces_to_state(self._open + list(self._ready)),
                 "child_exhausted": self._child_exhausted,
                 "finished": self._finished,
                 "child": self._child.state_dict(),
             }
         }
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        own = self._own_state(state_dict)
+    def _check_settings(self, own: dict[str, Any]) -> None:
         if own["strategy"] != self._strategy or own["max_seq_len"] != self._max_seq_len:
             raise ValueError(
                 f"Packer '{self._dataset_name}': the saved state was written with strategy="
                 f"{own['strategy']!r}, max_seq_len={own['max_seq_len']}, but this packer uses "
                 f"strategy={self._strategy!r}, max_seq_len={self._max_seq_len}. Resume with the same "
-                "packing settings, or start without the saved data state."
+                "packing settings, or start the data fresh (`resume_data_state: false`)."
             )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        own = self._own_state(state_dict)
+        self._check_settings(own)
         self._child.load_state_dict(own["child"])
+        self._remaining = None
         self._counters = {k: int(v) for k, v in own["counters"].items()}
-        packs = _packs_from_state(own["packs"])
+        packs = self._packs_from_state(own["packs"])
         self._open = packs[: own["num_open"]]
         self._ready = collections.deque(packs[own["num_open"] :])
         self._child_exhausted = bool(own["child_exhausted"])
         self._finished = bool(own["finished"])
+
+    def merge_shard_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        """Every old shard's held pieces (open and finished packs) and merged child states."""
+        owns = [self._own_state(s) for s in states]
+        for own in owns:
+            self._check_settings(own)
+        counters: dict[str, int] = collections.Counter()
+        for own in owns:
+            counters.update({k: int(v) for k, v in own["counters"].items()})
+        return {
+            self._dataset_name: {
+                "held": _concat_piece_states([own["packs"] for own in owns]),
+                "counters": dict(counters),
+                "child": self._child.merge_shard_states([own["child"] for own in owns]),
+            }
+        }
+
+    def load_global_state(self, global_state: dict[str, Any]) -> None:
+        own = self._own_state(global_state)
+        self._child.load_global_state(own["child"])
+        self._remaining = own
+
+    def read_document(self, source: str, row: int, epoch: int) -> dict[str, Any] | None:
+        return self._child.read_document(source, row, epoch)

@@ -134,8 +134,9 @@ def _load_memo(memo_path: Path | None) -> dict[str, Any]:
 def _save_memo(memo_path: Path, memo: dict[str, Any]) -> None:
     """Best effort (a read-only cache root just re-hashes changed files next time)."""
     temp = memo_path.with_name(f"{memo_path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    if not memo_path.parent.is_dir():  # never create the cache root just for the memo
+        return
     try:
-        memo_path.parent.mkdir(parents=True, exist_ok=True)
         temp.write_text(json.dumps(memo, sort_keys=True), encoding="utf-8")
         os.replace(temp, memo_path)
     except OSError:

@@ -133,6 +133,10 @@ class TextDataModule(LightningDataModule):
         eval_num_workers: workers for eval loaders (default: ``num_workers``).
         train_stream_name: dataloader name of the train stream when there are several train
             managers (with one, the stream takes that manager's name).
+        cache_verify: how ``prepare_data`` checks a cache it reuses: ``"checksum"`` (default:
+            hash every file and compare with the checksums recorded when it was written; a
+            corrupt cache is rebuilt with a warning naming the file) or ``"size"`` (file sizes
+            only, for very large caches; a same-size corruption then goes unnoticed).
     """
 
     def __init__(
@@ -156,6 +160,7 @@ class TextDataModule(LightningDataModule):
         persistent_workers: bool = False,
         eval_num_workers: int | None = None,
         train_stream_name: str = "interleaved",
+        cache_verify: Literal["checksum", "size"] = "checksum",
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
@@ -165,6 +170,12 @@ class TextDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.seed = seed
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        if cache_verify not in ("checksum", "size"):
+            raise ValueError(
+                f"TextDataModule.cache_verify: {cache_verify!r} is not 'checksum' or 'size'. Use 'checksum' "
+                "(hash every cache file when it is reused) or 'size' (compare file sizes only)."
+            )
+        self.cache_verify = cache_verify
         self.packing = packing
         self.packing_buffer_size = packing_buffer_size
         self.overlong = overlong
@@ -287,8 +298,8 @@ class TextDataModule(LightningDataModule):
             for name, manager in self._managers(split).items():
                 if isinstance(manager, UnconditionalGenerationDatasetManager):
                     continue
-                log.info("Preparing %s/%s", split, name)
-                manager.prepare_data(self.tokenizer, self.cache_dir)
+                log.debug("Preparing %s/%s", split, name)  # the cache prints one line per source
+                manager.prepare_data(self.tokenizer, self.cache_dir, cache_verify=self.cache_verify)
 
     def setup(self, stage: str | None = None) -> None:
         """Load the caches every rank needs for ``stage`` (all stages when ``None``)."""

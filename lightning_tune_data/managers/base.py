@@ -19,7 +19,9 @@ from typing import Any
 import datasets
 import numpy as np
 
-from lightning_tune_data import cache
+from lightning_tune_data import __version__, cache
+from lightning_tune_data.checksums import VerifyMode
+from lightning_tune_data.managers.cache_records import check_token_ids, find_cache, rebuild_reason
 from lightning_tune_data.managers.config import (
     CACHE_MANIFEST,
     CacheMissingError,
@@ -151,38 +153,62 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
                 f"preprocess_function {self._preprocess_label()}; it accepts {accepted}."
             )
 
-    def _data_file_identities(self) -> list[dict[str, Any]]:
-        return [cache.file_identity(f) for f in self._local_data_files()]
+    def _file_identity(self, path: str) -> dict[str, Any]:
+        """Content identity of a data file; hashes are remembered in the cache root, if known."""
+        return cache.file_identity(path, memo_dir=getattr(self, "_hash_memo_dir", None))
 
-    def fingerprint(self, tokenizer: Tokenizer) -> str:
+    def _data_file_identities(self) -> list[dict[str, Any]]:
+        return [self._file_identity(f) for f in self._local_data_files()]
+
+    def _fingerprint_parts(self, tokenizer: Tokenizer, cache_dir: str | Path | None = None) -> dict[str, Any]:
+        fn = self.preprocess_fn
+        self._hash_memo_dir = cache_dir
+        try:
+            source = self._source_spec()
+        finally:
+            self._hash_memo_dir = None
+        return {
+            "manager": type(self).__name__,
+            "source": source,
+            "preprocess": {
+                "function": cache.callable_identity(fn) if fn is not None else None,
+                "kwargs": self.preprocess_kwargs,
+                "columns_to_remove": self.columns_to_remove,
+                "max_error_count": self.max_error_count,
+            },
+            "tokenizer": tokenizer.identity,
+        }
+
+    def fingerprint(self, tokenizer: Tokenizer, cache_dir: str | Path | None = None) -> str:
         """Hash of everything that changes the preprocessed content of this source.
+
+        Data files count by their content (not their modification time).
 
         Args:
             tokenizer: The tokenizer whose ``identity`` is part of the key.
+            cache_dir: The cache root, where content hashes of data files are remembered.
         """
-        fn = self.preprocess_fn
-        return cache.fingerprint(
-            {
-                "manager": type(self).__name__,
-                "source": self._source_spec(),
-                "preprocess": {
-                    "function": cache.callable_identity(fn) if fn is not None else None,
-                    "kwargs": self.preprocess_kwargs,
-                    "columns_to_remove": self.columns_to_remove,
-                    "max_error_count": self.max_error_count,
-                },
-                "tokenizer": tokenizer.identity,
-            }
-        )
+        return cache.fingerprint(self._fingerprint_parts(tokenizer, cache_dir))
+
+    def _cache_name(self) -> str:
+        """Folder-name prefix of this source's caches: the source name, else the data's name."""
+        return _safe_name(self.source_name) if self.source_name else self._cache_stem()
+
+    def _locate_cache(self, fingerprint: str, cache_dir: str | Path) -> Path:
+        found = find_cache(cache_dir, fingerprint, self._cache_metadata(fingerprint))
+        return found if found is not None else Path(cache_dir) / f"{self._cache_name()}-{fingerprint[:16]}"
 
     def cache_dir_for(self, tokenizer: Tokenizer, cache_dir: str | Path) -> Path:
-        """Directory of this source's cache: ``cache_dir/<safe source name>-<fingerprint[:16]>``.
+        """Directory of this source's cache: ``cache_dir/<source name>-<fingerprint[:16]>``.
+
+        A complete cache with the same fingerprint under another name (e.g. built before the
+        source was renamed) is used instead of building a second one.
 
         Args:
             tokenizer: The tokenizer (part of the fingerprint).
             cache_dir: The root cache directory.
         """
-        return Path(cache_dir) / f"{self._cache_stem()}-{self.fingerprint(tokenizer)[:16]}"
+        return self._locate_cache(self.fingerprint(tokenizer, cache_dir), cache_dir)
 
     def _load(self, cache_dir: str | Path, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:
         raise NotImplementedError
@@ -192,20 +218,31 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
     def _cache_metadata(self, fingerprint: str) -> dict[str, Any]:
         return {"fingerprint": fingerprint, "manager": type(self).__name__}
 
-    def prepare_data(self, tokenizer: Tokenizer, cache_dir: str | Path) -> Path | None:
+    def prepare_data(
+        self, tokenizer: Tokenizer, cache_dir: str | Path, cache_verify: VerifyMode = "checksum"
+    ) -> Path | None:
         """Download, preprocess and cache this source (once per node); reuse a valid cache.
+
+        A reused cache is checked first: with ``cache_verify="checksum"`` every file is hashed
+        and compared with the checksum recorded when it was written (a corrupt cache is rebuilt
+        with a warning naming the file); ``"size"`` compares file sizes only. Reuse needs no
+        write access; a build in a directory that cannot be written fails naming it.
 
         Args:
             tokenizer: Tokenizer passed to the preprocess function (and keyed into the cache).
             cache_dir: Root cache directory; ``datasets``' own download cache lives inside it.
+            cache_verify: ``"checksum"`` (default) or ``"size"``.
 
         Returns:
             The cache directory, or ``None`` for streaming sources (nothing is cached).
         """
         if self.streaming:
             return None
-        fingerprint = self.fingerprint(tokenizer)
-        final_dir = Path(cache_dir) / f"{self._cache_stem()}-{fingerprint[:16]}"
+        parts = self._fingerprint_parts(tokenizer, cache_dir)
+        fingerprint = cache.fingerprint(parts)
+        final_dir = self._locate_cache(fingerprint, cache_dir)
+        inputs = {"source_key": self._cache_name(), "source_name": self.source_name,
+                  "package_version": __version__, "parts": parts}
 
         def build(temp_dir: Path) -> None:
             for path in self._local_data_files():
@@ -216,6 +253,7 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
             work_dir = temp_dir / "_work"
             self._skipped_rows = 0
             processed = self._preprocess(dataset, tokenizer, work_dir, fingerprint)
+            check_token_ids(processed, tokenizer.vocab_size, tokenizer, self.source_description)
             num_rows = len(processed)
             if num_rows == 0:  # (datasets cannot even reopen a saved 0-row dataset)
                 raise PreprocessError(
@@ -234,13 +272,16 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
             (temp_dir / CACHE_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
         return cache.build_cache_atomically(
-            final_dir, build, self._cache_metadata(fingerprint), verify=lambda d: self._open_cache(d)[1]
+            final_dir, build, self._cache_metadata(fingerprint), verify=lambda d: self._open_cache(d)[1],
+            verify_mode=cache_verify, inputs=inputs, description=self.source_description,
+            build_reason=lambda: rebuild_reason(cache_dir, inputs, final_dir),
         )
 
     def _open_cache(self, final_dir: Path) -> tuple[datasets.Dataset | None, str | None]:
         """Open a finished cache and check it against its manifest: ``(dataset, None)`` or
         ``(None, what is wrong)``. Catches truncated, missing or unreadable files and a changed
-        row count (not bit flips that keep every size: the data is not checksummed)."""
+        row count; bit flips that keep every size are caught by the checksums that
+        ``prepare_data`` verifies (not here: ``setup`` runs on every rank)."""
         manifest: dict[str, Any] | None = None
         try:
             manifest = json.loads((final_dir / CACHE_MANIFEST).read_text())
@@ -281,12 +322,12 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
         """
         if self.streaming:
             return self._setup_streaming(tokenizer, cache_dir)
-        fingerprint = self.fingerprint(tokenizer)
-        final_dir = Path(cache_dir) / f"{self._cache_stem()}-{fingerprint[:16]}"
+        fingerprint = self.fingerprint(tokenizer, cache_dir)
+        final_dir = self._locate_cache(fingerprint, cache_dir)
         if not cache.is_valid_cache(final_dir, self._cache_metadata(fingerprint)):
             others = sorted(
                 p.name
-                for p in Path(cache_dir).glob(f"{self._cache_stem()}-*")
+                for p in Path(cache_dir).glob(f"{self._cache_name()}-*")
                 if p.is_dir() and cache.is_valid_cache(p)
             )
             hint = (

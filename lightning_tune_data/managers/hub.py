@@ -147,19 +147,16 @@ class DatasetManager(SourceManager):
     def _cache_stem(self) -> str:
         return _safe_name("-".join(str(p) for p in (self.path, self.name, self.split) if p))
 
-    def _local_folder_identity(self) -> list[list[Any]] | None:
-        """For a ``path`` that is a local dataset folder: (file, size, mtime_ns) of its files."""
+    def _local_folder_identity(self) -> list[Any] | None:
+        """For a ``path`` that is a local dataset folder: the content identity of each file."""
         if self.path is None or not os.path.isdir(self.path):
             return None
         root = Path(self.path).resolve()
-        entries = []
+        entries: list[Any] = [[str(root)]]
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for filename in sorted(filenames):
-                stat = os.stat(os.path.join(dirpath, filename))
-                entries.append([os.path.relpath(os.path.join(dirpath, filename), root),
-                                stat.st_size, stat.st_mtime_ns])
-        return [[str(root)], *entries]
+            entries.extend(self._file_identity(os.path.join(dirpath, f)) for f in sorted(filenames))
+        return entries
 
     def _source_spec(self) -> dict[str, Any]:
         return {

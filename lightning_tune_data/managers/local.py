@@ -133,7 +133,7 @@ class LocalDatasetManager(DatasetManager):
                 f"{self.source_description}: data files disappeared since configuration: "
                 f"{missing}. Restore them or fix data_files."
             )
-        return [cache.file_identity(f) for f in self.data_files]
+        return [self._file_identity(f) for f in self.data_files]
 
     def _source_spec(self) -> dict[str, Any]:
         return {

@@ -205,7 +205,8 @@ def _temp_prefix(final_dir: Path) -> str:
     return f".{final_dir.name}.tmp-"
 
 
-def _size_text(num_bytes: float) -> str:
+def human_size(num_bytes: float) -> str:
+    """Bytes as ``"12.3 MB"`` (decimal units)."""
     for unit in ("B", "KB", "MB", "GB"):
         if num_bytes < 1000 or unit == "GB":
             return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
@@ -323,7 +324,7 @@ def build_cache_atomically(
         corrupt = check_complete_cache(final_dir, verify, verify_mode)
         if corrupt is None:
             log.info("%s: using cache %s (%s, %s checked)", description, final_dir,
-                     _size_text(tree_size(final_dir)), "checksums" if verify_mode == "checksum" else "sizes")
+                     human_size(tree_size(final_dir)), "checksums" if verify_mode == "checksum" else "sizes")
             return final_dir
     why = f"corrupt: {corrupt}" if corrupt else "no complete cache for this configuration"
     lock_path = _prepare_lock(parent, final_dir, why, description)
@@ -378,6 +379,6 @@ def build_cache_atomically(
         except BaseException:
             shutil.rmtree(temp_dir, ignore_errors=True)
             raise
-    log.info("%s: built cache %s (%s) because %s", description, final_dir, _size_text(tree_size(final_dir)),
+    log.info("%s: built cache %s (%s) because %s", description, final_dir, human_size(tree_size(final_dir)),
              reason_line)
     return final_dir

@@ -87,8 +87,11 @@ def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
     old_pre, new_pre = old_parts.get("preprocess") or {}, new_parts.get("preprocess") or {}
     for key in sorted(set(old_pre) | set(new_pre)):
         if cache.canonical_json(old_pre.get(key)) != cache.canonical_json(new_pre.get(key)):
-            what = "the preprocess function's code" if key == "function" else key
-            changes.append(f"{what} changed")
+            if key == "function":
+                changes.append("the preprocess function's code changed")
+            else:
+                name = "preprocess_kwargs" if key == "kwargs" else key
+                changes.append(f"{name} changed ({old_pre.get(key)!r} -> {new_pre.get(key)!r})")
     skip = {"data_file_identities", "local_folder"}
     old_src, new_src = old_parts.get("source") or {}, new_parts.get("source") or {}
     for key in sorted((set(old_src) | set(new_src)) - skip):
@@ -103,9 +106,9 @@ def rebuild_reason(cache_root: str | os.PathLike[str], inputs: Mapping[str, Any]
     if previous is None:
         return "no earlier build of this source"
     old_inputs = previous.get("inputs") or {}
-    size = cache.tree_size(previous["path"]) / 1e6
+    size = cache.human_size(cache.tree_size(previous["path"]))
     return (f"{'; '.join(describe_changes(old_inputs, inputs))} since the build in {previous['path'].name} "
-            f"({size:.1f} MB, kept; 'lightning-tune-data cache clean' removes stale caches)")
+            f"({size}, kept; 'lightning-tune-data cache clean' removes stale caches)")
 
 
 def check_token_ids(dataset: datasets.Dataset, vocab_size: int, tokenizer: Any, description: str) -> None:

@@ -334,7 +334,7 @@ class TextDataModule(LightningDataModule):
                     HFStreamingSource(data, dataset_name=name, seed=self.seed, shuffle=manager.shuffle,
                                       rank=rank, world_size=world_size, num_passes=num_passes,
                                       max_error_count=manager.max_error_count, max_seq_len=length_limit,
-                                      overlong=self.overlong)
+                                      overlong=self.overlong, **manager.stream_options())
                 )
                 continue
             shards = world_size * max(1, self.num_workers)

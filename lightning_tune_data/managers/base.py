@@ -35,6 +35,27 @@ from lightning_tune_data.preprocess import PreprocessError, resolve_callable
 from lightning_tune_data.tokenizers import Tokenizer
 
 
+#: Defaults of ``stream_retries`` (network retries of a streaming source).
+STREAM_RETRY_DEFAULTS = {"max_retries": 3, "retry_backoff_s": 1.0, "retry_timeout_s": 300.0, "read_timeout_s": 60.0}
+
+
+def _validate_stream_retries(value: Mapping[str, Any] | None, desc: str) -> dict[str, float]:
+    if value is None:
+        return dict(STREAM_RETRY_DEFAULTS)
+    unknown = sorted(set(value) - set(STREAM_RETRY_DEFAULTS)) if isinstance(value, Mapping) else None
+    if unknown is None or unknown:
+        raise DataSourceError(
+            f"{desc}: stream_retries must be a mapping with keys among {sorted(STREAM_RETRY_DEFAULTS)}, got "
+            f"{value!r}."
+        )
+    merged = {**STREAM_RETRY_DEFAULTS, **value}
+    for key, number in merged.items():
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or number < 0:
+            raise DataSourceError(f"{desc}: stream_retries.{key} must be a number >= 0, got {number!r}.")
+    merged["max_retries"] = int(merged["max_retries"])
+    return merged
+
+
 class SourceManager(InputFileChecks, PreprocessingSteps):
     """Configuration, fingerprint and cache lifecycle shared by every dataset manager.
 
@@ -62,6 +83,7 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
         shuffle: bool,
         max_error_count: int,
         transforms: dict[str, Any] | None = None,
+        stream_retries: dict | None = None,
     ) -> None:
         desc = self.source_description
         if not isinstance(weight, (int, float)) or not np.isfinite(weight) or weight < 0:
@@ -75,6 +97,7 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
         for field, value in (("preprocess_kwargs", preprocess_kwargs), ("load_kwargs", load_kwargs)):
             if value is not None and not isinstance(value, Mapping):
                 raise DataSourceError(f"{desc}: {field} must be a mapping, got {value!r}.")
+        self.stream_retries = _validate_stream_retries(stream_retries, desc)
         self.weight = float(weight)
         self.stages = _validate_stages(stages, desc)
         self.streaming = bool(streaming)
@@ -98,6 +121,19 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
                 f"{desc}: preprocess_kwargs {self.preprocess_kwargs} given but "
                 f"preprocess_function is None."
             )
+
+    def stream_options(self) -> dict[str, float]:
+        """Retry bounds a streaming source reads with (``HFStreamingSource`` keyword arguments)."""
+        return {k: v for k, v in self.stream_retries.items() if k != "read_timeout_s"}
+
+    def _stream_storage_options(self) -> dict[str, Any]:
+        """``load_dataset`` storage options: a remote read waiting longer than ``read_timeout_s``
+        fails (and is retried by the source) instead of hanging."""
+        import aiohttp
+
+        seconds = self.stream_retries["read_timeout_s"]
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
+        return {protocol: {"client_kwargs": {"timeout": timeout}} for protocol in ("http", "https")}
 
     # ------------------------------------------------------------------ description / identity
 

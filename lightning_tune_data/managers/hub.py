@@ -67,12 +67,18 @@ class DatasetManager(SourceManager):
             raise, that may be skipped (and counted) before raising with the first failure's row
             and traceback. Preprocessing failures are counted over the whole dataset (the count
             is in the cache's ``_manifest.json`` as ``skipped_rows``); transform failures per
-            rank x worker shard. Streaming sources cannot skip preprocessing failures.
+            rank x worker shard. Streaming sources skip and count preprocessing failures as they
+            stream, per shard.
         message_transform, model_transform, output_transform: optional per-sample callables
             (or dotted paths) applied in this order to each streamed train document.
         filter_fn: optional predicate (or dotted path) ``filter_fn(sample, **filter_kwargs)``;
             ``False`` skips the sample.
         filter_kwargs: keyword arguments for ``filter_fn``.
+        stream_retries: network retries of a streaming source, e.g. ``{"max_retries": 3,
+            "retry_backoff_s": 1.0, "retry_timeout_s": 300, "read_timeout_s": 60}`` (these are the
+            defaults): a failed read is retried ``max_retries`` times in a row, waiting
+            ``retry_backoff_s`` doubled each time, within ``retry_timeout_s`` seconds; a server
+            silent for ``read_timeout_s`` counts as a failure.
     """
 
     def __init__(
@@ -97,6 +103,7 @@ class DatasetManager(SourceManager):
         output_transform: str | Callable | None = None,
         filter_fn: str | Callable | None = None,
         filter_kwargs: dict | None = None,
+        stream_retries: dict | None = None,
     ) -> None:
         owner = type(self).__name__
         if full_name is not None:
@@ -130,6 +137,7 @@ class DatasetManager(SourceManager):
             transforms=dict(message_transform=message_transform, model_transform=model_transform,
                             output_transform=output_transform, filter_fn=filter_fn,
                             filter_kwargs=filter_kwargs),
+            stream_retries=stream_retries,
         )
 
     def _source_label(self) -> str:
@@ -178,6 +186,8 @@ class DatasetManager(SourceManager):
             kwargs["data_files"] = self._load_data_files()
         if not streaming and self.num_proc is not None:
             kwargs.setdefault("num_proc", self.num_proc)
+        if streaming:
+            kwargs.setdefault("storage_options", self._stream_storage_options())
         try:
             dataset = datasets.load_dataset(
                 self.path,

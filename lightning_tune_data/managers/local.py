@@ -40,6 +40,7 @@ class LocalDatasetManager(DatasetManager):
         max_error_count: See :class:`DatasetManager`.
         message_transform, model_transform, output_transform, filter_fn, filter_kwargs: See
             :class:`DatasetManager`.
+        stream_retries: See :class:`DatasetManager`.
 
     Raises:
         DataSourceError: Unknown ``ds_type`` or split.
@@ -66,6 +67,7 @@ class LocalDatasetManager(DatasetManager):
         output_transform: str | Callable | None = None,
         filter_fn: str | Callable | None = None,
         filter_kwargs: dict | None = None,
+        stream_retries: dict | None = None,
     ) -> None:
         if ds_type not in LOCAL_DS_TYPES:
             raise DataSourceError(
@@ -111,6 +113,7 @@ class LocalDatasetManager(DatasetManager):
             transforms=dict(message_transform=message_transform, model_transform=model_transform,
                             output_transform=output_transform, filter_fn=filter_fn,
                             filter_kwargs=filter_kwargs),
+            stream_retries=stream_retries,
         )
 
     def _source_label(self) -> str:

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
 import datasets
 
 from lightning_tune_data.managers.config import DEFAULT_PREPROCESS, DataSourceError
+from lightning_tune_data.preprocess import PreprocessError
 from lightning_tune_data.preprocess_runner import (
     _ERROR_COLUMN,
     _OUTPUT_FEATURES,
@@ -107,10 +109,16 @@ class PreprocessingSteps:
         columns = list(dataset.column_names or (first.keys() if first is not None else []))
         if self.preprocess_function is None:
             return self._pretokenized(dataset, columns)
-        runner = self._runner(tokenizer)
+        # Rows whose preprocessing fails are never raised inside the stream (that would end
+        # it): they are tagged, and the streaming source skips and counts them against this
+        # source's max_error_count, like any other unreadable row.
+        runner = self._runner(tokenizer, max_error_count=sys.maxsize)
         removed = self._removed_columns(columns)
-        if first is not None:  # fail fast on the first row
-            runner({key: [value] for key, value in first.items()}, [0])
-        out_columns = ["input_ids"] + (["loss_mask"] if runner.has_loss_mask else [])
+        if first is not None:  # fail fast on the first row when nothing may be skipped
+            probe = runner({key: [value] for key, value in first.items()}, [0])
+            runner.local_errors = 0
+            if probe[_ERROR_COLUMN][0] is not None and not self.max_error_count:
+                raise PreprocessError(probe[_ERROR_COLUMN][0])
+        out_columns = ["input_ids"] + (["loss_mask"] if runner.has_loss_mask else []) + [_ERROR_COLUMN]
         mapped = dataset.map(runner, batched=True, with_indices=True, remove_columns=removed)
         return mapped.select_columns(out_columns)

@@ -20,6 +20,7 @@ from lightning_tune_data.preprocess_runner import (
     _PreprocessRunner,
     drop_failed_rows,
 )
+from lightning_tune_data.streams.hf_streaming import _without_datasets_read_retries
 from lightning_tune_data.tokenizers import Tokenizer
 
 log = logging.getLogger("lightning_tune_data.managers")
@@ -103,7 +104,8 @@ class PreprocessingSteps:
     def _setup_streaming(self, tokenizer: Tokenizer, cache_dir: str | Path) -> datasets.IterableDataset:
         dataset = self._load(cache_dir, streaming=True)
         try:
-            first = next(iter(dataset.take(1)))
+            with _without_datasets_read_retries():  # the first row: fail fast, not after 20 x 5 s
+                first = next(iter(dataset.take(1)))
         except StopIteration:
             first = None
         columns = list(dataset.column_names or (first.keys() if first is not None else []))

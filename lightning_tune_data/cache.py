@@ -33,7 +33,7 @@ from filelock import FileLock
 
 import lightning_tune_data
 
-from .checksums import FILE_HASH_MEMO, VerifyMode, file_identity, tree_checksums, verify_files
+from .checksums import FILE_HASH_MEMO, VERIFY_MODES, VerifyMode, file_identity, tree_checksums, verify_files
 
 __all__ = [
     "CACHE_FORMAT_VERSION",
@@ -315,6 +315,8 @@ def build_cache_atomically(
     Raises:
         CacheReadOnlyError: A build is needed but the cache directory cannot be written.
     """
+    if verify_mode not in VERIFY_MODES:
+        raise ValueError(f"cache verification mode {verify_mode!r} is not one of {VERIFY_MODES}.")
     final_dir = Path(final_dir)
     parent = final_dir.parent
     metadata = dict(metadata)

@@ -284,6 +284,9 @@ def test_file_identity_remembers_hashes_by_size_mtime_and_inode_in_the_cache_roo
     path = tmp_path / "data.jsonl"
     path.write_text('{"text": "a"}\n')
     memo_dir = tmp_path / "cache"
+    file_identity(path, memo_dir=memo_dir)
+    assert not memo_dir.exists()  # the memo never creates the cache root
+    memo_dir.mkdir()
     first = file_identity(path, memo_dir=memo_dir)
     memo_file = memo_dir / cache.FILE_HASH_MEMO
     memo = json.loads(memo_file.read_text())

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -124,15 +125,9 @@ def check_token_ids(dataset: datasets.Dataset, vocab_size: int, tokenizer: Any, 
     if high < vocab_size and low >= 0:
         return
     bad = high if high >= vocab_size else low
-    match = pc.equal(values, bad)
-    # The row that holds it: cumulative list lengths locate the first flattened position.
-    position = pc.index(match.cast(pa.int8()), 1).as_py()
-    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
-    row, seen = 0, 0
-    for row, length in enumerate(lengths):
-        seen += int(length or 0)
-        if seen > position:
-            break
+    position = pc.index(values, bad).as_py()  # first occurrence, in the flattened ids
+    lengths = np.asarray(pc.list_value_length(column).fill_null(0), dtype=np.int64)
+    row = int(np.searchsorted(np.cumsum(lengths), position, side="right"))
     raise PreprocessError(
         f"{description}: token id {bad} (row {row}) is outside the tokenizer's vocabulary "
         f"(vocab_size={vocab_size}, tokenizer {tokenizer!r}); the model's embedding would fail on it. "

@@ -119,8 +119,8 @@ def _memo_path(memo_dir: str | os.PathLike[str] | None) -> Path | None:
 
 
 def _load_memo(memo_path: Path | None) -> dict[str, Any]:
-    if memo_path is None:
-        return {}
+    if memo_path is None or not memo_path.parent.is_dir():
+        return {}  # nowhere to keep it (yet): nothing to remember across calls
     key = str(memo_path)
     if key not in _memo:
         try:

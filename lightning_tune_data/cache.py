@@ -2,14 +2,20 @@
 
 A cache directory is *valid* only when it holds the completion marker ``_COMPLETE.json`` whose
 metadata matches what the reader expects. Caches are built in a temporary directory beside the
-final one, the marker is written last, everything is fsynced, and the directory is renamed into
-place, all under a file lock (``<final_dir>.lock``). A process killed at any point therefore
-leaves either nothing, or a temporary directory that is never read and is removed by the next
-build, or a complete cache.
+final one, the checksum of every file is recorded in the marker, the marker is written last,
+everything is fsynced, and the directory is renamed into place, all under a file lock
+(``<final_dir>.lock``). A process killed at any point therefore leaves either nothing, or a
+temporary directory that is never read and is removed by the next build, or a complete cache.
+
+Reusing a complete cache needs no lock and no write access: its files are checked against the
+recorded checksums (or sizes only, see :mod:`lightning_tune_data.checksums`) and it is read
+as it is, so caches on a read-only volume work. Only a build takes the lock; a build in a
+directory that cannot be written fails with :class:`CacheReadOnlyError`.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import inspect
@@ -27,25 +33,43 @@ from filelock import FileLock
 
 import lightning_tune_data
 
+from .checksums import FILE_HASH_MEMO, VERIFY_MODES, VerifyMode, file_identity, tree_checksums, verify_files
+
 __all__ = [
     "CACHE_FORMAT_VERSION",
     "COMPLETE_MARKER",
+    "CacheReadOnlyError",
+    "FILE_HASH_MEMO",
     "build_cache_atomically",
     "callable_identity",
+    "check_complete_cache",
     "canonical_json",
     "file_identity",
     "fingerprint",
     "is_valid_cache",
     "read_cache_metadata",
+    "tree_size",
 ]
 
 log = logging.getLogger(__name__)
+# Cache hits and builds are one line each and must show at the default log level (Python's
+# default is WARNING): like Lightning's own logger, print INFO ourselves unless the
+# application configured logging (then its handlers and levels decide).
+log.setLevel(logging.INFO)
+if not logging.getLogger().hasHandlers():
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(_handler)
+    log.propagate = False
 
 #: Bump when the on-disk layout of caches changes; it is part of every fingerprint and marker.
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2
 #: Name of the completion marker, written last into a finished cache directory.
 COMPLETE_MARKER = "_COMPLETE.json"
-_MIB = 1 << 20
+
+class CacheReadOnlyError(PermissionError):
+    """A cache must be built but its directory cannot be written; the message names the
+    directory and the ``cache_dir`` option."""
 
 
 def callable_identity(fn: Any) -> dict[str, Any]:
@@ -127,36 +151,6 @@ def fingerprint(parts: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
 
 
-def file_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Identify a data file cheaply: resolved path, size, mtime and a hash of its first/last MiB.
-
-    Args:
-        path: A regular file.
-
-    Returns:
-        ``{"path", "size", "mtime_ns", "head_tail_sha256"}``.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist or is not a regular file.
-    """
-    resolved = Path(path).expanduser().resolve()
-    if not resolved.is_file():
-        raise FileNotFoundError(f"data file not found (or not a regular file): {resolved}")
-    stat = resolved.stat()
-    digest = hashlib.sha256()
-    with open(resolved, "rb") as handle:
-        digest.update(handle.read(_MIB))
-        if stat.st_size > _MIB:
-            handle.seek(max(stat.st_size - _MIB, _MIB))
-            digest.update(handle.read(_MIB))
-    return {
-        "path": str(resolved),
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
-        "head_tail_sha256": digest.hexdigest(),
-    }
-
-
 def read_cache_metadata(cache_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """Return the marker contents of a complete cache, or ``None`` if there is no valid marker."""
     marker = Path(cache_dir) / COMPLETE_MARKER
@@ -211,44 +205,136 @@ def _temp_prefix(final_dir: Path) -> str:
     return f".{final_dir.name}.tmp-"
 
 
+def human_size(num_bytes: float) -> str:
+    """Bytes as ``"12.3 MB"`` (decimal units)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if num_bytes < 1000 or unit == "GB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1000
+    return f"{num_bytes:.1f} TB"
+
+
+def tree_size(root: str | os.PathLike[str]) -> int:
+    """Bytes of the regular files under ``root``."""
+    total = 0
+    for dirpath, _, filenames in os.walk(root):
+        for filename in filenames:
+            try:
+                total += os.lstat(os.path.join(dirpath, filename)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def check_complete_cache(
+    cache_dir: str | os.PathLike[str],
+    verify: Callable[[Path], str | None] | None = None,
+    verify_mode: VerifyMode = "checksum",
+) -> str | None:
+    """What is wrong with a complete cache's files (``None``: intact), without writing anything.
+
+    Args:
+        cache_dir: A directory whose marker is valid.
+        verify: Extra check of the content (e.g. that the dataset opens).
+        verify_mode: ``"checksum"`` hashes every file against the recorded checksums,
+            ``"size"`` compares sizes only.
+    """
+    content = read_cache_metadata(cache_dir) or {}
+    problem = verify_files(cache_dir, content.get("files") or {}, verify_mode)
+    if problem is None and verify is not None:
+        problem = verify(Path(cache_dir))
+    return problem
+
+
+def _not_writable(error: OSError) -> bool:
+    return isinstance(error, PermissionError) or error.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _read_only_error(parent: Path, final_dir: Path, why: str, description: str, error: OSError) -> CacheReadOnlyError:
+    return CacheReadOnlyError(
+        f"{description}: the cache {final_dir.name} must be built ({why}) but the cache directory {parent} "
+        f"cannot be written ({type(error).__name__}: {error}). A complete cache there is used read-only; this one "
+        f"has to be built first. Set the cache_dir option (TextDataModule(cache_dir=...), data.cache_dir in a "
+        f"config, or $LIGHTNING_TUNE_DATA_CACHE) to a writable directory, or build the cache once where it can "
+        f"be written and copy it to {parent}."
+    )
+
+
+def _prepare_lock(parent: Path, final_dir: Path, why: str, description: str) -> str:
+    """Create the cache root and the lock file, turning 'cannot write here' into a clear error."""
+    lock_path = str(final_dir) + ".lock"
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        os.close(fd)
+    except OSError as error:
+        if _not_writable(error):
+            raise _read_only_error(parent, final_dir, why, description, error) from error
+        raise
+    return lock_path
+
+
 def build_cache_atomically(
     final_dir: str | os.PathLike[str],
     build: Callable[[Path], None],
     metadata: Mapping[str, Any],
     lock_timeout: float = -1,
     verify: Callable[[Path], str | None] | None = None,
+    verify_mode: VerifyMode = "checksum",
+    inputs: Mapping[str, Any] | None = None,
+    description: str = "cache",
+    build_reason: Callable[[], str] | None = None,
 ) -> Path:
     """Return a valid cache at ``final_dir``, building it with ``build`` if needed.
 
-    Under ``FileLock(<final_dir>.lock)``: if a valid cache with matching ``metadata`` exists it is
-    returned untouched (``build`` is not called), unless ``verify`` reports it corrupt: then it is
-    removed with a warning and rebuilt. Otherwise leftover temporary directories of
-    killed builds are removed, an invalid ``final_dir`` is removed with a warning, ``build`` fills a
-    fresh temporary directory beside ``final_dir``, the completion marker is written last, the tree
-    is fsynced and renamed into place.
+    A complete cache with matching ``metadata`` whose files pass the check (``verify_mode``:
+    the checksums recorded at write time, or sizes only; then ``verify``) is returned untouched,
+    without taking the lock or writing anything (read-only volumes work). Otherwise, under
+    ``FileLock(<final_dir>.lock)``: the check is repeated (another process may have just built
+    it), leftover temporary directories of killed builds are removed, an invalid or corrupt
+    ``final_dir`` is removed with a warning naming the problem (e.g. the corrupt file),
+    ``build`` fills a fresh temporary directory beside ``final_dir``, the checksum of every file
+    and the marker are written last, the tree is fsynced and renamed into place.
 
     Args:
         final_dir: Where the finished cache lives.
         build: Called with an empty temporary directory to fill.
         metadata: JSON-like metadata stored in the marker and required to match on reuse.
         lock_timeout: Seconds to wait for the lock (``-1``: forever).
-        verify: Optional check of a complete cache's files: returns ``None`` when it is intact,
-            else what is wrong (e.g. a truncated Arrow file).
+        verify: Optional check of a complete cache's content: returns ``None`` when it is
+            intact, else what is wrong (e.g. the dataset does not open).
+        verify_mode: ``"checksum"`` (default) or ``"size"``, see :mod:`lightning_tune_data.checksums`.
+        inputs: JSON-like description of what the cache was built from, stored in the marker
+            (so later builds can say what changed, and ``cache list`` what is stale).
+        description: Names the cache in messages (e.g. ``source 'notes' (...)``).
+        build_reason: Called before a build; returns why it is needed (for the log line).
 
     Returns:
         ``final_dir`` as a ``Path``.
+
+    Raises:
+        CacheReadOnlyError: A build is needed but the cache directory cannot be written.
     """
+    if verify_mode not in VERIFY_MODES:
+        raise ValueError(f"cache verification mode {verify_mode!r} is not one of {VERIFY_MODES}.")
     final_dir = Path(final_dir)
     parent = final_dir.parent
-    parent.mkdir(parents=True, exist_ok=True)
     metadata = dict(metadata)
     canonical_json(metadata)  # fail before building if the metadata cannot be serialised
-    with FileLock(str(final_dir) + ".lock", timeout=lock_timeout):
-        corrupt = None
-        if is_valid_cache(final_dir, metadata):
-            corrupt = verify(final_dir) if verify is not None else None
+    corrupt = None
+    if is_valid_cache(final_dir, metadata):
+        corrupt = check_complete_cache(final_dir, verify, verify_mode)
+        if corrupt is None:
+            log.info("%s: using cache %s (%s, %s checked)", description, final_dir,
+                     human_size(tree_size(final_dir)), "checksums" if verify_mode == "checksum" else "sizes")
+            return final_dir
+    why = f"corrupt: {corrupt}" if corrupt else "no complete cache for this configuration"
+    lock_path = _prepare_lock(parent, final_dir, why, description)
+    with FileLock(lock_path, timeout=lock_timeout):
+        if is_valid_cache(final_dir, metadata):  # built (or repaired) meanwhile by another process?
+            corrupt = check_complete_cache(final_dir, verify, verify_mode)
             if corrupt is None:
-                log.info("Using cache %s", final_dir)
+                log.info("%s: using cache %s (built by another process)", description, final_dir)
                 return final_dir
         for stale in parent.glob(_temp_prefix(final_dir) + "*"):
             # We hold the lock, so no live process is building into these: they are leftovers
@@ -267,6 +353,9 @@ def build_cache_atomically(
                 shutil.rmtree(final_dir)
             else:
                 final_dir.unlink()
+            reason_line = f"the previous build was invalid ({reason})"
+        else:
+            reason_line = build_reason() if build_reason is not None else "no cache for this configuration yet"
         # Not tempfile.mkdtemp: it creates mode 0o700, and caches are shared like any directory.
         temp_dir = parent / f"{_temp_prefix(final_dir)}{os.getpid()}-{uuid.uuid4().hex[:12]}"
         temp_dir.mkdir()
@@ -276,6 +365,9 @@ def build_cache_atomically(
                 "cache_format": CACHE_FORMAT_VERSION,
                 "package_version": lightning_tune_data.__version__,
                 "metadata": metadata,
+                "inputs": dict(inputs or {}),
+                "description": description,
+                "files": tree_checksums(temp_dir, exclude=[COMPLETE_MARKER]),
             }
             _fsync_tree(temp_dir)
             marker_path = temp_dir / COMPLETE_MARKER
@@ -289,5 +381,6 @@ def build_cache_atomically(
         except BaseException:
             shutil.rmtree(temp_dir, ignore_errors=True)
             raise
-    log.info("Wrote cache %s", final_dir)
+    log.info("%s: built cache %s (%s) because %s", description, final_dir, human_size(tree_size(final_dir)),
+             reason_line)
     return final_dir

@@ -152,6 +152,10 @@ class TextDataModule(LightningDataModule):
             ``False`` a resumed run keeps the model, optimizer and step but starts the train data
             from the beginning, with a warning: the way out when the data config changed in a
             way that cannot be resumed (sources, seed, ``max_seq_len``, packing).
+        cache_verify: how ``prepare_data`` checks a cache it reuses: ``"checksum"`` (default:
+            hash every file and compare with the checksums recorded when it was written; a
+            corrupt cache is rebuilt with a warning naming the file) or ``"size"`` (file sizes
+            only, for very large caches; a same-size corruption then goes unnoticed).
     """
 
     def __init__(
@@ -177,6 +181,7 @@ class TextDataModule(LightningDataModule):
         train_stream_name: str = "interleaved",
         mix_by: Literal["documents", "tokens"] = "documents",
         resume_data_state: bool = True,
+        cache_verify: Literal["checksum", "size"] = "checksum",
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
@@ -186,6 +191,12 @@ class TextDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.seed = seed
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        if cache_verify not in ("checksum", "size"):
+            raise ValueError(
+                f"TextDataModule.cache_verify: {cache_verify!r} is not 'checksum' or 'size'. Use 'checksum' "
+                "(hash every cache file when it is reused) or 'size' (compare file sizes only)."
+            )
+        self.cache_verify = cache_verify
         self.packing = packing
         self.packing_buffer_size = packing_buffer_size
         self.overlong = overlong
@@ -314,8 +325,8 @@ class TextDataModule(LightningDataModule):
             for name, manager in self._managers(split).items():
                 if isinstance(manager, UnconditionalGenerationDatasetManager):
                     continue
-                log.info("Preparing %s/%s", split, name)
-                manager.prepare_data(self.tokenizer, self.cache_dir)
+                log.debug("Preparing %s/%s", split, name)  # the cache prints one line per source
+                manager.prepare_data(self.tokenizer, self.cache_dir, cache_verify=self.cache_verify)
 
     def setup(self, stage: str | None = None) -> None:
         """Load the caches every rank needs for ``stage`` (all stages when ``None``)."""
@@ -350,7 +361,7 @@ class TextDataModule(LightningDataModule):
                     HFStreamingSource(data, dataset_name=name, seed=self.seed, shuffle=manager.shuffle,
                                       rank=rank, world_size=world_size, num_passes=num_passes,
                                       max_error_count=manager.max_error_count, max_seq_len=length_limit,
-                                      overlong=self.overlong)
+                                      overlong=self.overlong, **manager.stream_options())
                 )
                 continue
             shards = world_size * max(1, self.num_workers)

@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from read_only_dir import read_only
 
 import lightning_tune_data
-from lightning_tune_data import cache
+from lightning_tune_data import cache, checksums
 from lightning_tune_data.cache import (
     COMPLETE_MARKER,
     build_cache_atomically,
@@ -93,22 +94,6 @@ def test_callable_identity_changes_when_function_source_changes(tmp_path: Path) 
 def test_callable_identity_of_builtin_has_no_source_but_is_stable() -> None:
     assert callable_identity(len) == callable_identity(len)
     assert callable_identity(len)["source_sha256"] is None
-
-
-def test_file_identity_detects_same_size_edits_even_with_restored_mtime(tmp_path: Path) -> None:
-    path = tmp_path / "big.bin"
-    payload = bytearray(os.urandom(3 * (1 << 20)))
-    path.write_bytes(bytes(payload))
-    before = file_identity(path)
-    assert before["path"] == str(path.resolve())
-    assert before["size"] == len(payload)
-    stat = path.stat()
-    payload[-1] ^= 0xFF  # last byte: inside the hashed tail MiB
-    path.write_bytes(bytes(payload))
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    after = file_identity(path)
-    assert after["mtime_ns"] == before["mtime_ns"] and after["size"] == before["size"]
-    assert after["head_tail_sha256"] != before["head_tail_sha256"]
 
 
 def test_file_identity_of_missing_file_raises_naming_it(tmp_path: Path) -> None:
@@ -274,3 +259,129 @@ def test_read_cache_metadata_returns_marker_of_complete_cache(tmp_path: Path) ->
     assert content["metadata"] == {"fp": "7", "n": [1, 2]}
     assert content["package_version"] == lightning_tune_data.__version__
     assert cache.read_cache_metadata(tmp_path / "missing") is None
+
+
+# ------------------------------------------------------------- content identity, checksums
+
+
+def test_file_identity_follows_the_content_of_every_byte_not_the_mtime(tmp_path: Path) -> None:
+    path = tmp_path / "big.bin"
+    payload = bytearray(os.urandom(3 * (1 << 20)))
+    path.write_bytes(bytes(payload))
+    before = file_identity(path)
+    assert before["path"] == str(path.resolve()) and before["size"] == len(payload)
+    os.utime(path, ns=(1, 10**18))  # a touch: new mtime, same bytes
+    assert file_identity(path) == before
+    stat = path.stat()
+    payload[len(payload) // 2] ^= 0x01  # one bit in the middle, same size, mtime restored
+    path.write_bytes(bytes(payload))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    after = file_identity(path)
+    assert after["size"] == before["size"] and after != before
+
+
+def test_file_identity_remembers_hashes_by_size_mtime_and_inode_in_the_cache_root(tmp_path: Path) -> None:
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"text": "a"}\n')
+    memo_dir = tmp_path / "cache"
+    file_identity(path, memo_dir=memo_dir)
+    assert not memo_dir.exists()  # the memo never creates the cache root
+    memo_dir.mkdir()
+    first = file_identity(path, memo_dir=memo_dir)
+    memo_file = memo_dir / cache.FILE_HASH_MEMO
+    memo = json.loads(memo_file.read_text())
+    assert memo[str(path.resolve())]["xxh3_128"] == first["xxh3_128"]
+    # An entry whose stamp matches is trusted without reading the file again ...
+    memo[str(path.resolve())]["xxh3_128"] = "remembered"
+    memo_file.write_text(json.dumps(memo))
+    checksums._memo.clear()
+    assert file_identity(path, memo_dir=memo_dir)["xxh3_128"] == "remembered"
+    # ... and a touch (new mtime) re-hashes the file, finding the real, unchanged content.
+    os.utime(path, ns=(1, 10**18))
+    assert file_identity(path, memo_dir=memo_dir) == first
+
+
+def _flip_middle_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def _build_blob(temp_dir: Path) -> None:
+    (temp_dir / "part").mkdir()
+    (temp_dir / "part" / "blob.bin").write_bytes(bytes(range(256)) * 64)
+
+
+def test_a_flipped_bit_in_a_cache_file_is_detected_and_rebuilt_with_a_warning_naming_the_file(tmp_path: Path) -> None:
+    final = tmp_path / "cache" / "src-1"
+    build_cache_atomically(final, _build_blob, {"fp": "1"})
+    marker = json.loads((final / COMPLETE_MARKER).read_text())
+    assert set(marker["files"]) == {"part/blob.bin"} and "xxh3_128" in marker["files"]["part/blob.bin"]
+    _flip_middle_bit(final / "part" / "blob.bin")
+    calls: list[str] = []
+    with pytest.warns(UserWarning, match=r"Removing invalid cache .*src-1 \(corrupt: file .*part/blob\.bin does not "
+                                         r"match the checksum recorded"):
+        build_cache_atomically(final, lambda d: (calls.append("rebuilt"), _build_blob(d)), {"fp": "1"})
+    assert calls == ["rebuilt"]
+    assert (final / "part" / "blob.bin").read_bytes() == bytes(range(256)) * 64
+
+
+def test_size_only_verification_reuses_a_same_size_corruption_but_catches_truncation(tmp_path: Path) -> None:
+    final = tmp_path / "src-1"
+    build_cache_atomically(final, _build_blob, {"fp": "1"})
+    _flip_middle_bit(final / "part" / "blob.bin")
+    calls: list[str] = []
+    build_cache_atomically(final, lambda d: calls.append("rebuilt"), {"fp": "1"}, verify_mode="size")
+    assert calls == []
+    (final / "part" / "blob.bin").write_bytes(b"short")
+    assert "has 5 bytes, 16384 were written" in cache.check_complete_cache(final, verify_mode="size")
+
+
+def test_an_unknown_verification_mode_is_rejected(tmp_path: Path) -> None:
+    final = tmp_path / "src-1"
+    build_cache_atomically(final, _build_blob, {"fp": "1"})
+    with pytest.raises(ValueError, match=r"'fast' is not one of \('checksum', 'size'\)"):
+        build_cache_atomically(final, _build_blob, {"fp": "1"}, verify_mode="fast")
+
+
+# ------------------------------------------------------------------------ read-only caches
+
+
+def test_a_complete_cache_in_a_read_only_directory_is_used_without_the_lock(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    final = root / "src-1"
+    build_cache_atomically(final, _build_blob, {"fp": "1"})
+    Path(str(final) + ".lock").unlink()  # e.g. a cache copied into a container image
+    with read_only(root):
+        assert build_cache_atomically(final, lambda d: pytest.fail("must not build"), {"fp": "1"}) == final
+        assert not Path(str(final) + ".lock").exists()
+
+
+def test_a_build_in_a_read_only_directory_fails_naming_the_directory_and_the_cache_dir_option(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    root.mkdir()
+    with read_only(root), pytest.raises(cache.CacheReadOnlyError) as info:
+        build_cache_atomically(root / "src-1", _build_blob, {"fp": "1"}, description="source 'notes'")
+    message = str(info.value)
+    assert message.startswith("source 'notes': the cache src-1 must be built")
+    assert f"the cache directory {root} cannot be written" in message and "cache_dir" in message
+
+
+def test_cache_hits_and_builds_are_one_line_each_at_the_default_log_level(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        from pathlib import Path
+        from lightning_tune_data.cache import build_cache_atomically
+        final = Path(sys.argv[1])
+        build = lambda d: (d / "x.txt").write_text("x")
+        build_cache_atomically(final, build, {"fp": "1"}, description="source 'notes'")
+        build_cache_atomically(final, build, {"fp": "1"}, description="source 'notes'")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "notes-1")], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=120, check=True)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("source 'notes'")]
+    assert len(lines) == 2, result.stderr
+    assert "built cache" in lines[0] and "because no cache for this configuration yet" in lines[0]
+    assert "using cache" in lines[1] and "checksums checked" in lines[1]

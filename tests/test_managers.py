@@ -348,7 +348,8 @@ def test_streaming_manager_skips_the_cache_and_tokenizes_lazily(tmp_path: Path, 
     assert isinstance(stream, datasets.IterableDataset)
     rows = [row["input_ids"] for row in stream]
     assert rows == [expected_ids(t) for t in TEXTS]
-    assert set(next(iter(stream))) == {"input_ids"}
+    # _preprocess_error: None, or why the row failed (the streaming source skips and counts those)
+    assert next(iter(stream)) == {"input_ids": expected_ids(TEXTS[0]), "_preprocess_error": None}
 
 
 def test_streaming_prompt_completion_keeps_loss_mask(tmp_path: Path) -> None:
@@ -359,7 +360,7 @@ def test_streaming_prompt_completion_keeps_loss_mask(tmp_path: Path) -> None:
         preprocess_function="lightning_tune_data.preprocess.tokenize_prompt_completion",
     )
     (row,) = list(manager.setup(TOK, tmp_path / "cache"))
-    assert row == {"input_ids": [BOS, 97, 98, EOS], "loss_mask": [False, False, True, True]}
+    assert row == {"input_ids": [BOS, 97, 98, EOS], "loss_mask": [False, False, True, True], "_preprocess_error": None}
 
 
 def test_streaming_missing_column_fails_at_setup(tmp_path: Path) -> None:

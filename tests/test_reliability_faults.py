@@ -173,6 +173,7 @@ class FlakyServer:
         self.files = files
         self.fail: Callable[[str], str | None] = lambda path: None
         self.failures: list[tuple[str, str]] = []
+        self.slow_s = 5.0
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -200,6 +201,9 @@ class FlakyServer:
                 if body is None:
                     return self._reply(404, b"", {})
                 mode = server.fail(self.path)
+                if mode == "slow":  # say nothing for a long while, then answer normally
+                    server.failures.append((self.path, mode))
+                    time.sleep(server.slow_s)
                 if mode == "503":
                     server.failures.append((self.path, mode))
                     return self._reply(503, b"", {})
@@ -314,3 +318,87 @@ def test_stream_whose_server_keeps_failing_raises_naming_source_url_and_retries(
     requests = len(flaky_server.failures)
     time.sleep(0.3)
     assert len(flaky_server.failures) == requests, "no request after the error"
+
+
+# -- streaming: our own bounded retries, preprocessing failures skipped and counted ----------
+@pytest.fixture
+def server_with_default_datasets_retries(caplog):
+    """The flaky server, with ``datasets``' own read retries left at their defaults (20 x 5 s)."""
+    caplog.set_level(logging.WARNING, logger="lightning_tune_data.streams.hf_streaming")
+    assert datasets.config.STREAMING_READ_MAX_RETRIES == 20
+    files = {f"/part{k}.jsonl": "".join(json.dumps({"text": f"part{k} doc {i}"}) + "\n" for i in range(30)).encode()
+             for k in range(2)}
+    server = FlakyServer(files)
+    yield server
+    server.close()
+
+
+def streaming_manager(server: FlakyServer, **kwargs) -> DatasetManager:
+    manager = DatasetManager(path="json", split="train", streaming=True,
+                             data_files=[server.url("/part0.jsonl"), server.url("/part1.jsonl")], **kwargs)
+    manager.source_name = "web"
+    return manager
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_keeps_dropping_fails_within_our_retry_bounds_not_after_datasets_own_retries(
+        server_with_default_datasets_retries, tmp_path, caplog):
+    server = server_with_default_datasets_retries
+    source = HFStreamingSource(tokenized_stream(server), "web", shuffle=False, num_passes=1, max_retries=2,
+                               retry_backoff_s=0.05)
+    server.fail_next("/part1.jsonl", count=10**6, mode="drop")
+    with pytest.raises(RuntimeError, match=r"after 2 re-opens with backoff \(max_retries=2\)"):
+        streamed_texts(source)  # datasets alone would wait 20 x 5 s per attempt: the timeout marker catches that
+    # 3 attempts (fsspec sends up to 2 GETs per attempt); datasets' own retries would add 19 per attempt
+    assert 3 <= len(server.failures) <= 6
+    assert datasets.config.STREAMING_READ_MAX_RETRIES == 20  # restored for everyone else
+
+
+@pytest.mark.timeout(60)
+def test_retries_stop_when_the_total_retry_time_is_used_up(server_with_default_datasets_retries):
+    server = server_with_default_datasets_retries
+    source = HFStreamingSource(tokenized_stream(server), "web", shuffle=False, num_passes=1, max_retries=100,
+                               retry_backoff_s=0.2, retry_timeout_s=1.0)
+    server.fail_next("/part1.jsonl", count=10**6, mode="503")
+    with pytest.raises(RuntimeError, match=r"re-opens with backoff \(retry_timeout_s=1 would be exceeded\)"):
+        streamed_texts(source)
+    assert 2 <= len(server.failures) <= 5  # 0.2 + 0.4 s of backoff fit in 1 s, 0.8 s more would not
+
+
+@pytest.mark.timeout(60)
+def test_a_silent_server_times_out_after_read_timeout_s_and_the_retry_loses_no_rows(
+        server_with_default_datasets_retries, tmp_path):
+    server = server_with_default_datasets_retries
+    manager = streaming_manager(server, stream_retries={"read_timeout_s": 0.5, "retry_backoff_s": 0.05})
+    data = manager.setup(TOKENIZER, tmp_path / "cache")
+    server.fail_next("/part1.jsonl", count=1, mode="slow")
+    source = HFStreamingSource(data, "web", shuffle=False, num_passes=1, **manager.stream_options())
+    assert streamed_texts(source) == EXPECTED
+    assert server.failures == [("/part1.jsonl", "slow")]
+
+
+def test_stream_retries_are_validated_naming_the_field(tmp_path):
+    with pytest.raises(ValueError, match=r"stream_retries must be a mapping with keys among"):
+        LocalDatasetManager(data_files=str(write_jsonl(tmp_path / "a.jsonl", TEXTS)), stream_retries={"retries": 1})
+    with pytest.raises(ValueError, match=r"stream_retries.read_timeout_s must be a number >= 0"):
+        LocalDatasetManager(data_files=str(tmp_path / "a.jsonl"), stream_retries={"read_timeout_s": -1})
+
+
+@pytest.mark.timeout(120)
+def test_a_row_failing_in_a_streaming_sources_preprocessing_is_skipped_and_counted_within_max_error_count(tmp_path):
+    texts = [f"BOOM {i}" if i in (4, 11) else f"fine {i}" for i in range(24)]
+    data = write_jsonl(tmp_path / "a.jsonl", texts)
+
+    def stream(budget: int) -> HFStreamingSource:
+        manager = LocalDatasetManager(data_files=str(data), streaming=True, max_error_count=budget,
+                                      preprocess_function="reliability_fns.tokenize_unless_boom")
+        manager.source_name = "notes"
+        return HFStreamingSource(manager.setup(TOKENIZER, tmp_path / "cache"), "notes", shuffle=False,
+                                 num_passes=1, max_error_count=budget)
+
+    tolerant = stream(2)
+    assert [TOKENIZER.decode(s["input_ids"].tolist()) for s in tolerant] == [t for t in texts if "BOOM" not in t]
+    assert tolerant.state_dict()["notes"]["errors"] == 2
+    with pytest.raises(RuntimeError, match=r"(?s)2 rows could not be read.*max_error_count=1.*stream row 4.*"
+                                           r"preprocessing failed.*row 4.*boom"):
+        list(stream(1))

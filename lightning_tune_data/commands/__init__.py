@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib
 
 #: subcommand name -> module path (the module defines ``main(argv) -> int``).
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "cache": "lightning_tune_data.commands.cache",
+}
 
 
 def run_command(name: str, argv: list[str]) -> int:

@@ -62,24 +62,29 @@ one process never share the pipeline's mutable position.
 Errors
 ------
 A row whose ``input_ids``/``loss_mask`` cannot be turned into a document (missing, not
-integer, not 1-D, mask length mismatch) is skipped and counted up to ``max_error_count``;
-one more raises with the first failure's traceback. An exception raised *inside* the
-``datasets`` pipeline (e.g. by the manager's ``.map``) ends the ``datasets`` iterator, so it
+integer, not 1-D, mask length mismatch), or that the manager's preprocessing tagged as failed
+(column ``_preprocess_error``: a streaming manager's ``.map`` never raises for a bad row, it
+tags it, because an exception inside the ``datasets`` pipeline ends the stream), is skipped
+and counted up to ``max_error_count``; one more raises with the first failure's traceback.
+An exception that still escapes the ``datasets`` pipeline (e.g. a ``.map`` of your own)
 cannot be skipped: it is re-raised with the source name, pass and row. Documents longer than
 ``max_seq_len`` are truncated or dropped (``overlong``) and counted, as in ``ArrowSource``.
 
-Network failures: ``datasets`` 5.2 itself retries a failed *read* of an open remote file
-(``datasets.config.STREAMING_READ_MAX_RETRIES`` = 20 times, ``STREAMING_READ_RETRY_INTERVAL`` =
-5 s apart) but not an HTTP error status when a file is *opened* (measured: one 503 ends the
-iteration). On top of that, an ``OSError`` (``ConnectionError``, ``TimeoutError``, ...) or
+Network failures are retried by this source alone, bounded by its own settings: while it
+reads, ``datasets``' own read retries (20 attempts 5 s apart by default, about 100 s before
+an error surfaces) are turned off, and an HTTP error status when a file is opened is not
+retried by ``datasets`` anyway. An ``OSError`` (``ConnectionError``, ``TimeoutError``, ...) or
 ``aiohttp.ClientError`` raised by the stream makes this source re-open the stream at the
 state of the last row group it consumed and go on, up to ``max_retries`` times in a row with
-exponential backoff (``retry_backoff_s``, doubled each time, at most 60 s); then it raises an
-error naming the source and its data files/URLs. Rows are neither lost nor repeated by a retry.
+exponential backoff (``retry_backoff_s``, doubled each time, at most 60 s) and within
+``retry_timeout_s`` seconds from the first failure; then it raises an error naming the source
+and its data files/URLs. A server that stops answering is a failure once the manager's
+``read_timeout_s`` passes without data. Rows are neither lost nor repeated by a retry.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import sys
@@ -119,6 +124,9 @@ _DROPPED = "overlong_dropped"
 _NUM_SHARDS = "num_shards"
 _SHARD_ID = "shard_id"
 
+#: Column a streaming manager's preprocessing sets (to the failure's message) on a failed row.
+_PREPROCESS_ERROR = "_preprocess_error"
+
 #: Uniform draws generated per counter-seeded block (the RNG state is only the draw counter).
 _DRAW_BLOCK = 1024
 
@@ -138,6 +146,20 @@ def _is_transient(error: BaseException) -> bool:
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False
+
+
+@contextlib.contextmanager
+def _without_datasets_read_retries() -> Iterator[None]:
+    """Make ``datasets`` try each remote read once, so failures reach this source's own bounded
+    retry at once (its default is 20 attempts 5 s apart before an error surfaces)."""
+    import datasets
+
+    saved = datasets.config.STREAMING_READ_MAX_RETRIES
+    datasets.config.STREAMING_READ_MAX_RETRIES = 1
+    try:
+        yield
+    finally:
+        datasets.config.STREAMING_READ_MAX_RETRIES = saved
 
 
 def _stream_files(dataset: Any, limit: int = 3) -> str:
@@ -199,6 +221,8 @@ class HFStreamingSource(TuneIterableDataset):
         max_retries: how many times in a row a stream failing with a network/I-O error is
             re-opened at the last consumed row before the error is raised (``0``: never).
         retry_backoff_s: wait before the first re-open; doubled for each further one.
+        retry_timeout_s: the longest time spent retrying one failure (from the first failed
+            read to the last re-open); the error is raised once it is used up.
     """
 
     def __init__(
@@ -216,6 +240,7 @@ class HFStreamingSource(TuneIterableDataset):
         overlong: str = "truncate",
         max_retries: int = 3,
         retry_backoff_s: float = 1.0,
+        retry_timeout_s: float = 300.0,
     ) -> None:
         import datasets  # local: keep the package importable without touching `datasets` eagerly
 
@@ -249,13 +274,14 @@ class HFStreamingSource(TuneIterableDataset):
             raise ValueError(f"Source '{dataset_name}': seed must be >= 0, got {seed}.")
         if max_seq_len is not None and max_seq_len < 1:
             raise ValueError(f"Source '{dataset_name}': max_seq_len must be >= 1 or None, got {max_seq_len}.")
-        if max_retries < 0 or retry_backoff_s < 0:
+        if max_retries < 0 or retry_backoff_s < 0 or retry_timeout_s < 0:
             raise ValueError(
-                f"Source '{dataset_name}': max_retries and retry_backoff_s must be >= 0, got {max_retries} and "
-                f"{retry_backoff_s}."
+                f"Source '{dataset_name}': max_retries, retry_backoff_s and retry_timeout_s must be >= 0, got "
+                f"{max_retries}, {retry_backoff_s} and {retry_timeout_s}."
             )
         self.max_retries = int(max_retries)
         self.retry_backoff_s = float(retry_backoff_s)
+        self.retry_timeout_s = float(retry_timeout_s)
         self._dataset = dataset
         self._name = dataset_name
         self.seed = int(seed)
@@ -383,6 +409,9 @@ class HFStreamingSource(TuneIterableDataset):
     # -- reading --------------------------------------------------------------------------
     def _document(self, row: dict[str, Any]) -> _Document:
         """Turn one stream row (a batch of one) into a document; raises on bad data."""
+        failure = row.get(_PREPROCESS_ERROR, [None])[0]
+        if failure is not None:
+            raise ValueError(f"preprocessing failed: {failure}")
         if INPUT_IDS not in row:
             raise KeyError(
                 f"the row has no '{INPUT_IDS}' column (columns: {sorted(row)}); the manager's preprocess "
@@ -443,11 +472,13 @@ class HFStreamingSource(TuneIterableDataset):
         group_state = self._hf_state  # the stream's state at `position` (where a retry restarts)
         live, rows = self._open(group_state)
         retries = 0
+        first_failure_at = 0.0
         while True:
             group: list[dict[str, Any]] = []
             try:
-                while len(group) < shard.num_shards:
-                    group.append(next(rows))
+                with _without_datasets_read_retries():
+                    while len(group) < shard.num_shards:
+                        group.append(next(rows))
             except StopIteration:
                 self._live = None
                 self._hf_state = None
@@ -461,14 +492,20 @@ class HFStreamingSource(TuneIterableDataset):
                         f"row {row} of pass {self._epoch} ({type(exc).__name__}: {exc}). Errors inside the stream "
                         "(e.g. the preprocess .map) end it and cannot be skipped; fix the preprocess function."
                     ) from exc
-                if retries >= self.max_retries:
+                now = time.monotonic()
+                first_failure_at = now if retries == 0 else first_failure_at
+                delay = min(self.retry_backoff_s * 2**retries, _MAX_BACKOFF_S)
+                out_of_time = now + delay - first_failure_at > self.retry_timeout_s
+                if retries >= self.max_retries or out_of_time:
+                    limit = (f"retry_timeout_s={self.retry_timeout_s:g} would be exceeded" if out_of_time
+                             and retries < self.max_retries else f"max_retries={self.max_retries}")
                     raise RuntimeError(
                         f"Source '{self._name}': reading the stream from {_stream_files(self._dataset)} failed at "
                         f"row {row} of pass {self._epoch} with {type(exc).__name__}: {exc}, and kept failing "
-                        f"after {retries} re-opens with backoff (max_retries={self.max_retries}). Check the "
-                        "server/network and the URL, or raise max_retries / retry_backoff_s."
+                        f"after {retries} re-opens with backoff ({limit}) over {now - first_failure_at:.1f}s. "
+                        "Check the server/network and the URL, or raise max_retries / retry_backoff_s / "
+                        "retry_timeout_s."
                     ) from exc
-                delay = min(self.retry_backoff_s * 2**retries, _MAX_BACKOFF_S)
                 retries += 1
                 log.warning(
                     "Source '%s': reading %s failed at row %d (%s: %s); re-opening at that row in %.2fs "

@@ -65,3 +65,11 @@ class CountingLM(TinyCausalLM):
         outputs = super().step_outputs(batch)
         outputs["num_docs"] = torch.tensor(float(batch["input_ids"].shape[0]))
         return outputs
+
+
+def tokenize_unless_boom(examples: dict[str, list], tokenizer: Any) -> dict[str, list]:
+    """Preprocess function that fails on rows whose text starts with ``BOOM`` (no BOS/EOS)."""
+    for text in examples["text"]:
+        if text.startswith("BOOM"):
+            raise ValueError(f"boom: cannot tokenize {text!r}")
+    return {"input_ids": [tokenizer.encode(text) for text in examples["text"]]}

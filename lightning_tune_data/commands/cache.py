@@ -1,0 +1,170 @@
+"""``lightning-tune-data cache list|clean``: what the preprocessed-data cache holds, and tidying it.
+
+``list`` shows one line per cache folder: its size, the source it was built for, when, and
+whether it is stale. ``clean`` removes the stale ones (``--all``: every cache; ``--dry-run``:
+only say what would go). A cache is **stale** when it can never be used again as it is:
+
+* its data files changed or disappeared since it was built (their content differs now);
+* it was written by another version of this package (the version is part of every key);
+* it is incomplete: a build that was interrupted (a folder without a completion marker, or a
+  leftover temporary folder) or a lock file with no cache;
+* it is ``hf_datasets``: the ``datasets`` library's Arrow conversions of data files (and
+  downloads), read only while a cache is being built; removing it costs a re-conversion (or a
+  re-download) at the next build, never a finished cache.
+
+Caches of the same source built with another tokenizer or preprocessing are *not* stale: a
+config using those settings reuses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning_tune_data import __version__, cache
+from lightning_tune_data.checksums import CHECKSUM_ALGORITHM, FILE_HASH_MEMO, file_identity
+
+__all__ = ["CacheEntry", "main", "scan"]
+
+
+@dataclass
+class CacheEntry:
+    """One thing in the cache root: a cache folder, an unfinished build or an orphan lock."""
+
+    path: Path
+    size: int
+    source: str
+    built: float | None
+    stale: str | None  # why it is stale; None when it is usable
+
+    def row(self) -> list[str]:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.built)) if self.built else "-"
+        return [self.path.name, cache.human_size(self.size), self.source, when, f"stale: {self.stale}" if self.stale else "ok"]
+
+
+def _changed_files(parts: dict[str, Any], memo_dir: Path) -> str | None:
+    source = parts.get("source") or {}
+    entries = list(source.get("data_file_identities") or [])
+    entries += [e for e in source.get("local_folder") or [] if isinstance(e, dict)]
+    for entry in entries:
+        path = entry.get("path")
+        if not path or not os.path.isfile(path):
+            return f"data file {path} is gone"
+        if CHECKSUM_ALGORITHM not in entry:
+            continue
+        if file_identity(path, memo_dir=memo_dir)[CHECKSUM_ALGORITHM] != entry[CHECKSUM_ALGORITHM]:
+            return f"data file {os.path.basename(path)} changed since the build"
+    return None
+
+
+def _describe(path: Path, root: Path) -> CacheEntry:
+    size = cache.tree_size(path)
+    content = cache.read_cache_metadata(path)
+    if content is None:
+        marker = path / cache.COMPLETE_MARKER
+        why = "written by another version of the package" if marker.is_file() else "unfinished build (no completion marker)"
+        return CacheEntry(path, size, "?", path.stat().st_mtime, why)
+    inputs = content.get("inputs") or {}
+    source = inputs.get("source_name") or inputs.get("source_key") or content.get("description") or "?"
+    built = (path / cache.COMPLETE_MARKER).stat().st_mtime
+    stale = None
+    if content.get("package_version") != __version__:
+        stale = f"built by version {content.get('package_version')}, this is {__version__}"
+    else:
+        stale = _changed_files(inputs.get("parts") or {}, root)
+    return CacheEntry(path, size, source, built, stale)
+
+
+def scan(root: str | os.PathLike[str]) -> list[CacheEntry]:
+    """Every cache, unfinished build and orphan lock file directly under ``root``."""
+    root = Path(root)
+    entries: list[CacheEntry] = []
+    if not root.is_dir():
+        return entries
+    for path in sorted(root.iterdir()):
+        if path.name == FILE_HASH_MEMO:
+            continue
+        if path.name == "hf_datasets" and path.is_dir():
+            entries.append(CacheEntry(path, cache.tree_size(path), "(datasets library)", path.stat().st_mtime,
+                                      "intermediate files of the datasets library, only read while building"))
+            continue
+        if path.is_dir() and path.name.startswith(".") and ".tmp-" in path.name:
+            entries.append(CacheEntry(path, cache.tree_size(path), "?", path.stat().st_mtime,
+                                      "leftover temporary folder of an interrupted build"))
+        elif path.is_dir() and not path.name.startswith("."):
+            entries.append(_describe(path, root))
+        elif path.suffix == ".lock" and not path.with_suffix("").exists():
+            entries.append(CacheEntry(path, 0, "?", path.stat().st_mtime, "lock file without a cache"))
+    return entries
+
+
+def _table(rows: list[list[str]]) -> str:
+    header = ["CACHE", "SIZE", "SOURCE", "BUILT", "STATUS"]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip() for r in [header, *rows]]
+    return "\n".join(lines)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    lock = Path(str(path) + ".lock")
+    if lock.exists():
+        lock.unlink()
+
+
+def _parser() -> argparse.ArgumentParser:
+    from lightning_tune_data.datamodule import default_cache_dir
+
+    parser = argparse.ArgumentParser(prog="lightning-tune-data cache", description=__doc__.split("\n\n")[0])
+    actions = parser.add_subparsers(dest="action", required=True)
+    for name, text in (("list", "show caches: size, source, build time, stale or ok"),
+                       ("clean", "remove stale caches (or all with --all)")):
+        sub = actions.add_parser(name, help=text)
+        sub.add_argument("--cache_dir", "--cache-dir", default=str(default_cache_dir()),
+                         help="the cache root (the data.cache_dir of your config; default: %(default)s)")
+        sub.add_argument("--source", default=None, help="only caches of this source name")
+        if name == "clean":
+            sub.add_argument("--all", action="store_true", help="remove every cache, not only stale ones")
+            sub.add_argument("--dry-run", "--dry_run", action="store_true", help="only print what would be removed")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """Run ``cache list`` or ``cache clean``; returns the exit code."""
+    args = _parser().parse_args(argv)
+    root = Path(args.cache_dir).expanduser()
+    entries = [e for e in scan(root) if args.source is None or e.source == args.source]
+    if args.action == "list":
+        if not entries:
+            print(f"No caches in {root}.")
+            return 0
+        print(_table([e.row() for e in entries]))
+        stale = [e for e in entries if e.stale]
+        total = sum(e.size for e in entries)
+        print(f"\n{len(entries)} entries, {cache.human_size(total)} in {root}; {len(stale)} stale "
+              f"({cache.human_size(sum(e.size for e in stale))}): 'lightning-tune-data cache clean "
+              f"--cache_dir {root}' removes them.")
+        return 0
+    doomed = entries if args.all else [e for e in entries if e.stale]
+    verb = "Would remove" if args.dry_run else "Removed"
+    for entry in doomed:
+        if not args.dry_run:
+            try:
+                _remove(entry.path)
+            except OSError as error:
+                print(f"Cannot remove {entry.path}: {error}", file=sys.stderr)
+                return 1
+        print(f"{verb} {entry.path.name} ({cache.human_size(entry.size)}, {entry.source}"
+              f"{', ' + entry.stale if entry.stale else ''})")
+    freed = cache.human_size(sum(e.size for e in doomed))
+    print(f"{verb} {len(doomed)} of {len(entries)} entries ({freed}) in {root}.")
+    return 0

@@ -1,0 +1,139 @@
+"""Checks of a source's input files: resolving local paths, and naming what is wrong with a file
+(empty, not UTF-8, malformed JSON lines, columns that differ between files) when loading fails."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import datasets
+import pyarrow as pa
+
+from lightning_tune_data.managers.config import DataSourceError
+from lightning_tune_data.preprocess import PreprocessError
+
+
+def _first_invalid_row(chunk: pa.Array) -> int:
+    """Position of the first element of ``chunk`` that fails full Arrow validation."""
+    for position in range(len(chunk)):
+        try:
+            chunk.slice(position, 1).validate(full=True)
+        except pa.ArrowInvalid:
+            return position
+    return 0
+
+
+def _resolve_local_files(entries: str | Sequence[str], field: str) -> tuple[list[str], list[str]]:
+    """Expand globs and make paths absolute; return ``(files, missing entries)``."""
+    found: list[str] = []
+    missing: list[str] = []
+    for entry in [entries] if isinstance(entries, str) else list(entries):
+        if not isinstance(entry, (str, os.PathLike)):
+            raise DataSourceError(f"LocalDatasetManager {field}: expected file paths, got {entry!r}.")
+        path = os.path.abspath(os.path.expanduser(os.fspath(entry)))
+        if glob.has_magic(path):
+            matches = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
+            if matches:
+                found.extend(matches)
+            else:
+                missing.append(path)
+        elif os.path.isfile(path):
+            found.append(path)
+        else:
+            missing.append(path)
+    return found, missing
+
+
+class InputFileChecks:
+    """Mixin of :class:`~lightning_tune_data.managers.DatasetManager`: its local input files and
+    the diagnosis of problems in them."""
+
+    split: str | None
+    path: str | None
+    load_kwargs: dict
+
+    def _load_data_files(self) -> Any:
+        return self.data_files
+
+    def _local_data_files(self) -> list[str]:
+        """The data files that are local paths (remote URLs and hub files are left out)."""
+        files = self._load_data_files()
+        if files is None:
+            return []
+        if isinstance(files, Mapping):
+            files = files.get(self.split, []) if self.split in files else list(files.values())
+        flat: list[str] = []
+        for entry in [files] if isinstance(files, str) else list(files):
+            flat.extend([entry] if isinstance(entry, (str, os.PathLike)) else list(entry))
+        return [os.fspath(f) for f in flat if os.path.isfile(os.fspath(f))]
+
+    def _data_file_problems(self, limit: int = 5) -> list[str]:
+        """Name what is wrong with the local data files: empty, not UTF-8, malformed JSON lines,
+        columns that differ between files. Only run when loading or checking failed (it reads
+        every file once)."""
+        builder = self.path if self.path in ("json", "csv", "text") else None
+        problems: list[str] = []
+        columns: dict[str, list[str]] = {}
+        for path in self._local_data_files():
+            if len(problems) >= limit:
+                break
+            if os.path.getsize(path) == 0:
+                problems.append(f"{path} is empty (0 bytes)")
+                continue
+            if builder is None:
+                continue
+            with open(path, "rb") as handle:
+                json_lines = builder == "json" and not handle.read(64).lstrip().startswith(b"[")
+                handle.seek(0)
+                for number, raw in enumerate(handle, 1):
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError as error:
+                        problems.append(
+                            f"{path} line {number}: not valid UTF-8 (byte {raw[error.start]:#04x} at "
+                            f"column {error.start + 1}); re-encode the file as UTF-8"
+                        )
+                        break
+                    if builder == "csv" and number == 1:
+                        delimiter = self.load_kwargs.get("delimiter", self.load_kwargs.get("sep", ","))
+                        columns[path] = [c.strip() for c in line.rstrip("\r\n").split(delimiter)]
+                    if not json_lines or not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except ValueError as error:
+                        problems.append(f"{path} line {number}: not valid JSON ({error})")
+                        break
+                    if not isinstance(record, dict):
+                        problems.append(
+                            f"{path} line {number}: expected a JSON object per line, got "
+                            f"{type(record).__name__}"
+                        )
+                        break
+                    columns.setdefault(path, sorted(record))
+        if len({tuple(c) for c in columns.values()}) > 1:
+            listed = "; ".join(f"{os.path.basename(p)}: {c}" for p, c in columns.items())
+            problems.append(f"the files have different columns ({listed})")
+        return problems[:limit]
+
+    def _check_input_table(self, dataset: datasets.Dataset) -> None:
+        """Fail, naming row, column and file, on raw data Arrow cannot read (e.g. invalid UTF-8)."""
+        table = dataset.data.table
+        for name in table.column_names:
+            offset = 0
+            for chunk in table.column(name).chunks:
+                try:
+                    chunk.validate(full=True)
+                except pa.ArrowInvalid as error:
+                    row = offset + _first_invalid_row(chunk)
+                    problems = self._data_file_problems()
+                    found = f" Problems found in the data files: {'; '.join(problems)}." if problems else ""
+                    raise PreprocessError(
+                        f"{self.source_description}: row {row}, column '{name}' holds data that is "
+                        f"not valid ({error}), e.g. text that is not UTF-8.{found} Fix the data "
+                        f"(re-encode the file as UTF-8) and run prepare_data again."
+                    ) from error
+                offset += len(chunk)

@@ -1,0 +1,221 @@
+"""The preprocessing runner: applies a source's preprocess function inside ``Dataset.map``.
+
+It checks what the function returns (an ``input_ids`` column, optionally a ``loss_mask`` of the same
+shape), turns failures into errors that name the source, rows and column, and implements the error
+budget: with ``max_error_count > 0`` failing rows are tagged instead of raised, counted over the
+whole dataset after the map, and dropped (or the build fails once the budget is exceeded).
+"""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import datasets
+import numpy as np
+
+from lightning_tune_data.preprocess import MissingColumnError, PreprocessError, RowError
+from lightning_tune_data.tokenizers import Tokenizer
+
+#: Columns a preprocessed cache keeps.
+OUTPUT_COLUMNS = ("input_ids", "loss_mask")
+_OUTPUT_FEATURES = {
+    "input_ids": datasets.List(datasets.Value("int32")),
+    "loss_mask": datasets.List(datasets.Value("bool")),
+}
+_PROBE_ROWS = 8
+#: Column that tags rows whose preprocessing failed (only with ``max_error_count > 0``).
+_ERROR_COLUMN = "_preprocess_error"
+#: Written into a finished cache: row count, skipped rows and the size of every file.
+
+
+class _PreprocessRunner:
+    """Picklable ``Dataset.map`` function: runs the preprocess function, checks and tags errors."""
+
+    def __init__(
+        self,
+        fn: Callable,
+        fn_label: str,
+        tokenizer: Tokenizer,
+        kwargs: Mapping[str, Any],
+        description: str,
+        max_error_count: int = 0,
+    ) -> None:
+        self.fn = fn
+        self.fn_label = fn_label
+        self.tokenizer = tokenizer
+        self.kwargs = dict(kwargs)
+        self.description = description
+        self.has_loss_mask: bool | None = None  # fixed by the probe batch
+        # With a budget, failing rows are not raised but tagged in _ERROR_COLUMN (one placeholder
+        # row each); the manager counts the tags over the whole dataset after the map (so the
+        # count is exact with num_proc) and drops them. This process stops early once its own
+        # count alone exceeds the budget.
+        self.max_error_count = max_error_count
+        self.local_errors = 0
+        self.first_error: str | None = None
+
+    def _kwarg_naming(self, column: str) -> str | None:
+        try:
+            params = inspect.signature(self.fn).parameters
+        except (TypeError, ValueError):
+            return None
+        for name, param in params.items():
+            value = self.kwargs.get(name, param.default)
+            if isinstance(value, str) and value == column:
+                return name
+        return None
+
+    def _missing_column(self, column: str, available: list[str], kwarg: str | None) -> str:
+        kwarg = kwarg or self._kwarg_naming(column)
+        fix = (
+            f"Set preprocess_kwargs: {{{kwarg}: <one of {available}>}}"
+            if kwarg
+            else "Rename the column in the data or use a preprocess_function that reads one of "
+            "the available columns"
+        )
+        return (
+            f"{self.description}: column '{column}' not found (needed by preprocess_function "
+            f"{self.fn_label}); available columns: {available}. {fix}."
+        )
+
+    def __call__(self, examples: dict[str, list], indices: list[int]) -> dict[str, list]:
+        rows = f"rows {indices[0]}-{indices[-1]}" if indices else "an empty batch"
+        try:
+            output = self.fn(examples, self.tokenizer, **self.kwargs)
+        except MissingColumnError as error:
+            raise self._missing_column_error(error, examples) from error
+        except KeyError as error:
+            key = error.args[0] if error.args else None
+            if isinstance(key, str) and key not in examples:
+                raise PreprocessError(
+                    self._missing_column(key, list(examples), None)
+                ) from error
+            if self.max_error_count:
+                return self._row_by_row(examples, indices)
+            raise self._failure(rows, error) from error
+        except Exception as error:  # noqa: BLE001 - reported with source, rows and traceback
+            if self.max_error_count:
+                return self._row_by_row(examples, indices)
+            if isinstance(error, RowError):
+                raise PreprocessError(self._row_error(error, indices)) from error
+            raise self._failure(rows, error) from error
+        result = self._check(output, rows)
+        if self.max_error_count:
+            result[_ERROR_COLUMN] = [None] * len(result["input_ids"])
+        return result
+
+    def _missing_column_error(self, error: MissingColumnError, examples: dict[str, list]) -> PreprocessError:
+        return PreprocessError(self._missing_column(error.column, list(examples), error.kwarg))
+
+    def _row_error(self, error: RowError, indices: list[int]) -> str:
+        index = indices[error.row] if 0 <= error.row < len(indices) else error.row
+        return (
+            f"{self.description}: row {index}, column '{error.column}': {error.problem} "
+            f"(preprocess_function {self.fn_label}). Fix or drop that row in the data."
+        )
+
+    def _row_by_row(self, examples: dict[str, list], indices: list[int]) -> dict[str, list]:
+        """Re-run a failed batch one row at a time; tag the rows that fail (error budget mode)."""
+        num_rows = len(next(iter(examples.values()))) if examples else 0
+        merged: dict[str, list] = {"input_ids": [], _ERROR_COLUMN: []}
+        if self.has_loss_mask:
+            merged["loss_mask"] = []
+        for position in range(num_rows):
+            index = indices[position] if position < len(indices) else position
+            one_row = {key: values[position : position + 1] for key, values in examples.items()}
+            try:
+                output = self.fn(one_row, self.tokenizer, **self.kwargs)
+            except MissingColumnError as error:
+                raise self._missing_column_error(error, examples) from error
+            except Exception as error:  # noqa: BLE001 - counted against max_error_count
+                if isinstance(error, RowError):
+                    error.row = position  # within this batch; _row_error maps it to the dataset
+                    trace = "".join(traceback.format_exception(error)).rstrip()
+                    message = f"{self._row_error(error, indices)}\n{trace}"
+                else:
+                    message = str(self._failure(f"row {index}", error))
+                self.local_errors += 1
+                if self.local_errors > self.max_error_count:
+                    raise PreprocessError(
+                        f"{self.description}: more than max_error_count={self.max_error_count} rows "
+                        f"failed preprocessing. First failure: {self.first_error or message}"
+                    ) from error
+                self.first_error = self.first_error or message
+                merged["input_ids"].append([])
+                if "loss_mask" in merged:
+                    merged["loss_mask"].append([])
+                merged[_ERROR_COLUMN].append(message)
+                continue
+            result = self._check(output, f"row {index}")
+            if "loss_mask" in result and "loss_mask" not in merged:
+                merged["loss_mask"] = [[] for _ in merged["input_ids"]]
+            merged["input_ids"].extend(result["input_ids"])
+            if "loss_mask" in merged:
+                merged["loss_mask"].extend(result.get("loss_mask", []))
+            merged[_ERROR_COLUMN].extend([None] * len(result["input_ids"]))
+        return merged
+
+    def _failure(self, rows: str, error: BaseException) -> PreprocessError:
+        trace = "".join(traceback.format_exception(error)).rstrip()
+        return PreprocessError(
+            f"{self.description}: preprocess_function {self.fn_label} failed on {rows}: "
+            f"{type(error).__name__}: {error}\n{trace}"
+        )
+
+    def _check(self, output: Any, rows: str) -> dict[str, list]:
+        if not isinstance(output, Mapping) or "input_ids" not in output:
+            got = sorted(output) if isinstance(output, Mapping) else type(output).__name__
+            raise PreprocessError(
+                f"{self.description}: preprocess_function {self.fn_label} returned {got} for "
+                f"{rows}; it must return a dict with an 'input_ids' column (list of token-id "
+                f"lists), optionally 'loss_mask'."
+            )
+        result = {key: output[key] for key in OUTPUT_COLUMNS if key in output}
+        has_mask = "loss_mask" in result
+        if self.has_loss_mask is None:
+            self.has_loss_mask = has_mask
+        elif has_mask != self.has_loss_mask:
+            raise PreprocessError(
+                f"{self.description}: preprocess_function {self.fn_label} returned 'loss_mask' "
+                f"for some batches but not others ({rows}); return it for every batch or never."
+            )
+        if has_mask:
+            ids, masks = result["input_ids"], result["loss_mask"]
+            if len(ids) != len(masks) or any(len(a) != len(b) for a, b in zip(ids, masks)):
+                raise PreprocessError(
+                    f"{self.description}: preprocess_function {self.fn_label} returned "
+                    f"'loss_mask' rows whose lengths differ from 'input_ids' ({rows}); they must "
+                    f"match token for token."
+                )
+        return result
+
+
+def drop_failed_rows(
+    mapped: datasets.Dataset, max_error_count: int, description: str
+) -> tuple[datasets.Dataset, int]:
+    """Count the rows tagged as failed over the whole dataset; raise past the budget, else drop them.
+
+    Returns:
+        ``(dataset without the failed rows, number of failed rows)``.
+    """
+    tagged = mapped.data.table.column(_ERROR_COLUMN).is_valid().to_numpy(zero_copy_only=False)
+    failed = np.flatnonzero(tagged)
+    if not len(failed):
+        return mapped, 0
+    first = mapped.data.table.column(_ERROR_COLUMN)[int(failed[0])].as_py()
+    if len(failed) > max_error_count:
+        raise PreprocessError(
+            f"{description}: {len(failed)} rows failed preprocessing, more than "
+            f"max_error_count={max_error_count}. First failure: {first}"
+        )
+    warnings.warn(
+        f"{description}: skipped {len(failed)} rows whose preprocessing failed "
+        f"(max_error_count={max_error_count}); the cache holds only the other rows. First "
+        f"failure: {first}",
+        stacklevel=3,
+    )
+    return mapped.select(np.flatnonzero(~tagged)), len(failed)

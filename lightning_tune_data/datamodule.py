@@ -152,6 +152,11 @@ class TextDataModule(LightningDataModule):
             ``False`` a resumed run keeps the model, optimizer and step but starts the train data
             from the beginning, with a warning: the way out when the data config changed in a
             way that cannot be resumed (sources, seed, ``max_seq_len``, packing).
+        prepare_data_per_node: Lightning's switch: ``True`` (default) runs ``prepare_data`` on the
+            first process of every node (each node builds its own cache, or waits on the lock of
+            a shared ``cache_dir``); ``False`` runs it on global rank 0 only, for a ``cache_dir``
+            on a filesystem every node shares: one process tokenizes and every rank memory-maps
+            the same cache.
         cache_verify: how ``prepare_data`` checks a cache it reuses: ``"checksum"`` (default:
             hash every file and compare with the checksums recorded when it was written; a
             corrupt cache is rebuilt with a warning naming the file) or ``"size"`` (file sizes
@@ -182,8 +187,10 @@ class TextDataModule(LightningDataModule):
         mix_by: Literal["documents", "tokens"] = "documents",
         resume_data_state: bool = True,
         cache_verify: Literal["checksum", "size"] = "checksum",
+        prepare_data_per_node: bool = True,
     ) -> None:
         super().__init__()
+        self.prepare_data_per_node = prepare_data_per_node
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.max_seq_len = max_seq_len
         self.batch_size = batch_size

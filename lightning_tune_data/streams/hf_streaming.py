@@ -94,7 +94,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..distributed import ShardInfo, current_shard
 from .arrow_source import OVERLONG_POLICIES, _name_key
@@ -341,10 +340,12 @@ class HFStreamingSource(TuneIterableDataset):
                 _STREAM_DONE: self._stream_done,
                 _HF_STATE: self._current_hf_state(),
                 _BUFFER_SIZE: self.shuffle_buffer_size,
-                _BUFFER_LENGTHS: torch.from_numpy(lengths),
-                _BUFFER_INPUT_IDS: torch.from_numpy(ids),  # concatenate made a fresh array
-                _BUFFER_HAS_MASK: torch.from_numpy(has_mask),
-                _BUFFER_LOSS_MASK: torch.from_numpy(mask),
+                # The buffer's documents cannot be re-read by reference from a stream, so their tokens
+                # stay in the state (plain lists): at most shuffle_buffer_size documents per shard.
+                _BUFFER_LENGTHS: lengths.tolist(),
+                _BUFFER_INPUT_IDS: ids.tolist(),
+                _BUFFER_HAS_MASK: has_mask.tolist(),
+                _BUFFER_LOSS_MASK: mask.tolist(),
                 _NUM_SHARDS: shard.num_shards,
                 _SHARD_ID: shard.shard_id,
                 **self._counters,
@@ -368,8 +369,8 @@ class HFStreamingSource(TuneIterableDataset):
             )
         lengths = np.asarray(own[_BUFFER_LENGTHS], dtype=np.int64)
         has_mask = np.asarray(own[_BUFFER_HAS_MASK], dtype=bool)
-        ids = torch.as_tensor(own[_BUFFER_INPUT_IDS]).numpy().astype(np.int64, copy=True)
-        masks = torch.as_tensor(own[_BUFFER_LOSS_MASK]).numpy().astype(bool, copy=True)
+        ids = np.asarray(own[_BUFFER_INPUT_IDS], dtype=np.int64)
+        masks = np.asarray(own[_BUFFER_LOSS_MASK], dtype=bool)
         if int(lengths.sum()) != len(ids) or len(has_mask) != len(lengths):
             raise ValueError(
                 f"Source '{self._name}': the saved shuffle buffer is inconsistent; the state is corrupt."

@@ -142,13 +142,17 @@ def fit(corpus: Path, run_dir: Path, max_steps: int, packing: str | None, log_ev
 
 
 def read_logged(path: Path) -> dict[int, dict[str, float]]:
-    """``dataset/...`` values of a CSVLogger ``metrics.csv``, by step (empty cells dropped)."""
+    """``dataset/...`` values of a CSVLogger ``metrics.csv``, by optimizer step (empty cells dropped).
+
+    Lightning logs the train loss of the batch that makes ``global_step`` reach ``n`` at CSV step
+    ``n - 1``; the dataset metrics computed after that batch share its row.
+    """
     rows: dict[int, dict[str, float]] = {}
     with path.open(newline="") as handle:
         for row in csv.DictReader(handle):
             values = {k: float(v) for k, v in row.items() if k.startswith("dataset/") and v not in ("", None)}
             if values:
-                rows.setdefault(int(row["step"]), {}).update(values)
+                rows.setdefault(int(row["step"]) + 1, {}).update(values)
     return rows
 
 

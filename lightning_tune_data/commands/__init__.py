@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 #: subcommand name -> module path (the module defines ``main(argv) -> int``).
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {"report": "lightning_tune_data.commands.report"}
 
 
 def run_command(name: str, argv: list[str]) -> int:

@@ -126,11 +126,8 @@ class SourceLossSplit:
 
     def means(self) -> dict[str, torch.Tensor]:
         """``{source: token-weighted mean loss}`` for every source with at least one label token."""
-        return {
-            source: self.loss_sum[i] / self.tokens[i]
-            for i, source in enumerate(self.sources)
-            if float(self.tokens[i]) > 0
-        }
+        counts = self.tokens.tolist()  # one device sync for all sources
+        return {source: self.loss_sum[i] / self.tokens[i] for i, source in enumerate(self.sources) if counts[i] > 0}
 
 
 def split_loss_by_source(

@@ -27,7 +27,7 @@ def _save(fig, path: Path) -> Path:  # noqa: ANN001 - matplotlib Figure
 
 
 def plot_mix(path: Path, x: Sequence[float], doc_shares: Mapping[str, Sequence[float]],
-             token_shares: Mapping[str, Sequence[float]], targets: Mapping[str, float], mix_by: str,
+             token_shares: Mapping[str, Sequence[float]], targets: Mapping[str, float], mix_by: str | None,
              xlabel: str = "batches drawn") -> Path:
     """Realised share of documents (solid) and tokens (dashed) per source, with the target (dotted)."""
     plt = _pyplot()
@@ -43,7 +43,8 @@ def plot_mix(path: Path, x: Sequence[float], doc_shares: Mapping[str, Sequence[f
     ax.set_ylim(0, 1)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("share of the stream (cumulative)")
-    ax.set_title(f"Realised vs target mix (dotted: target weights, shares of {mix_by})")
+    weights = f"target weights as shares of {mix_by}" if mix_by else "target weights"
+    ax.set_title(f"Realised vs target mix (dotted: {weights})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
@@ -110,12 +111,16 @@ def plot_truncation(path: Path, sources: Sequence[str], cache_overlong: Mapping[
     return _save(fig, path)
 
 
-def plot_losses(path: Path, steps: Mapping[str, Sequence[float]], losses: Mapping[str, Sequence[float]]) -> Path:
-    """Train loss per source (and overall) over the logged steps."""
+def plot_losses(path: Path, steps: Mapping[str, Sequence[float]], losses: Mapping[str, Sequence[float]],
+                sources: Sequence[str] = ()) -> Path:
+    """Train loss per source over the logged steps; names not in ``sources`` are drawn as the overall loss."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     for name in losses:
-        ax.plot(steps[name], losses[name], lw=1.5, label=name)
+        if name in sources or not sources:
+            ax.plot(steps[name], losses[name], lw=1.5, label=name)
+        else:
+            ax.plot(steps[name], losses[name], lw=2, ls="--", color="black", label=f"{name} (overall)")
     ax.set_xlabel("step")
     ax.set_ylabel("train loss")
     ax.set_title("Train loss by source")

@@ -129,7 +129,7 @@ def write_metrics_report(metrics_csv: str | Path, output: str | Path) -> Path:
     steps, _ = _series(rows, f"dataset/{sources[0]}/share")
     plot_mix(out / "mix.png", steps, {s: _series(rows, f"dataset/{s}/share")[1] for s in sources},
              {s: _series(rows, f"dataset/{s}/token_share")[1] for s in sources},
-             {s: m["target_weight"] for s, m in metrics.items() if "target_weight" in m}, "the configured weights",
+             {s: m["target_weight"] for s, m in metrics.items() if "target_weight" in m}, None,
              xlabel="step")
     lines = ["# Data report", "", f"From the logged metrics of `{metrics_csv}` (last logged step "
              f"{int(steps[-1]) if steps else 0}).", "", "## Mix: realised vs target", ""]
@@ -141,7 +141,8 @@ def write_metrics_report(metrics_csv: str | Path, output: str | Path) -> Path:
     losses = {k.split("/")[1]: k for k in sorted(keys) if k.startswith("train/") and k.endswith("/loss")}
     if losses:
         series = {name: _series(rows, key) for name, key in losses.items()}
-        plot_losses(out / "loss.png", {n: s[0] for n, s in series.items()}, {n: s[1] for n, s in series.items()})
+        plot_losses(out / "loss.png", {n: s[0] for n, s in series.items()}, {n: s[1] for n, s in series.items()},
+                    sources)
         lines += ["## Train loss by source", "", "![train loss by source](loss.png)", ""]
     if "dataset/all/padding_share" in keys:
         x, padding = _series(rows, "dataset/all/padding_share")

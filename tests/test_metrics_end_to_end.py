@@ -303,6 +303,9 @@ def test_ddp_logged_metrics_reduce_every_ranks_trained_batches(ddp_corpus, tmp_p
         assert_metrics_equal(unflatten(row), want, f"metrics.csv at step {step}")
         per_rank = [expected_metrics([b[:step]], WEIGHTS)[STREAM] for b in batches]
         assert want[STREAM]["samples_seen"] == sum(m["samples_seen"] for m in per_rank)
+        for source in WEIGHTS:  # the recent window (100 batches) still covers every step of both ranks
+            assert row[f"dataset/{source}/window_share"] == pytest.approx(want[source]["share"], rel=1e-12)
+            assert row[f"dataset/{source}/window_token_share"] == pytest.approx(want[source]["token_share"], rel=1e-12)
     final = expected_metrics(batches, WEIGHTS)
     assert final[STREAM]["seq_len_window_size"] == 2 * WINDOW, "the statistics cover both ranks' full windows"
     # The data tells a reduction of windows from an average of per-rank medians apart.

@@ -124,6 +124,9 @@ def test_report_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFi
     config.write_text("model:\n  class_path: lightning_tune_data.models.TinyCausalLM\n")
     assert main(["--config", str(config), "--output", str(tmp_path / "out")]) == 2
     assert "no 'data:' section" in capsys.readouterr().err
+    config.write_text("data:\n  max_seq_len: 64\n  bogus_key: 3\n")
+    assert main(["--config", str(config), "--output", str(tmp_path / "out")]) == 2
+    assert "does not accept option 'bogus_key'" in capsys.readouterr().err
     empty = tmp_path / "metrics.csv"
     empty.write_text("step,train/loss\n0,1.0\n")
     assert main(["--metrics", str(empty), "--output", str(tmp_path / "out")]) == 2

@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
             datamodule = datamodule_from_config(args.config, cache_dir=args.cache_dir)
             report = collect(datamodule, args.batches, preview_rows=args.preview_rows)
             path = write_batch_report(report, datamodule.tokenizer, args.output, config=args.config)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, argparse.ArgumentError) as error:
         print(f"lightning-tune-data report: {error}", file=sys.stderr)
         return 2
     print(f"Wrote {path}")

@@ -13,6 +13,7 @@ channel blindly.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import statistics
@@ -278,6 +279,32 @@ def test_counters_continue_from_checkpoint_and_match_uninterrupted_run(small_cor
     only_after = sum(1 for batch in resumed.batches[: 6 - k] for r in batch if r[3])
     assert resumed_logged[6][f"dataset/{STREAM}/samples_seen"] > only_after
     assert from_callback(resumed_cb.get_metrics()) == from_callback(full_cb.get_metrics())
+
+
+def test_recent_window_shows_changed_weights_right_after_a_resume(small_corpus, tmp_path):
+    # A run at a:b = 0.8:0.2 for 20 steps, resumed with 0.2:0.8 for one window (10 steps) more.
+    def run(weights: dict[str, float], max_steps: int, ckpt_path: str | None) -> dict[int, dict[str, float]]:
+        seed_everything(0)
+        run_dir = tmp_path / ("second" if ckpt_path else "first")
+        callbacks = [DatasetMetricsCallback(log_every_n_steps=10, window=10, print_summary=False),
+                     ModelCheckpoint(dirpath=run_dir / "ckpt", every_n_train_steps=20, save_top_k=-1)]
+        trainer = Trainer(accelerator="cpu", max_steps=max_steps, callbacks=callbacks, log_every_n_steps=10,
+                          logger=CSVLogger(save_dir=run_dir, name="csv", version=0), limit_val_batches=0,
+                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir)
+        datamodule = make_datamodule(small_corpus, None, num_workers=0, weights=weights)
+        model = TinyCausalLM(vocab_size=datamodule.vocab_size, max_seq_len=64, d_model=16, n_layers=1, n_heads=2)
+        with pytest.warns(UserWarning, match="weights changed") if ckpt_path else contextlib.nullcontext():
+            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        return read_logged(run_dir / "csv" / "version_0" / "metrics.csv")
+
+    first = run({"a": 0.8, "b": 0.2}, 20, None)
+    assert first[20]["dataset/a/window_share"] == pytest.approx(0.8, abs=0.05)
+    ckpt = next((tmp_path / "first" / "ckpt").glob("*step=20.ckpt"))
+    second = run({"a": 0.2, "b": 0.8}, 30, str(ckpt))
+    at_30 = second[30]
+    assert at_30["dataset/a/target_weight"] == 0.2
+    assert at_30["dataset/a/window_share"] == pytest.approx(0.2, abs=0.05), "the last window holds only new batches"
+    assert at_30["dataset/a/share"] > 0.5, "the cumulative share still counts the 20 steps at 0.8"
 
 
 # --------------------------------------------------------------------------- 3. DDP

@@ -202,7 +202,7 @@ class DatasetMetricsCallback(Callback):
         results = getattr(trainer, "_results", None)
         for item in getattr(results, "values", lambda: [])():
             meta = getattr(item, "meta", None)
-            if meta is not None and meta.fx == "on_train_batch_end" and meta.name.startswith("dataset/"):
+            if getattr(meta, "fx", None) == "on_train_batch_end" and str(getattr(meta, "name", "")).startswith("dataset/"):
                 item.reset()
         self._logged_through_module = False
 

@@ -55,6 +55,9 @@ class _Block(nn.Module):
 class TinyCausalLM(Harness):
     """A tiny causal transformer LM trained on the datamodule's batch contract.
 
+    Its step outputs include ``token_loss`` (the unreduced ``[B, L]`` loss), so training also logs
+    ``train/<source>/loss`` per train source (see ``Harness``).
+
     Args:
         vocab_size: vocabulary size (the CLI links it from the datamodule's tokenizer).
         max_seq_len: longest sequence (positions); linked from the datamodule by the CLI.

@@ -10,6 +10,7 @@ from .datamodule import TextDataModule
 from .harness import Harness, MetricSpec
 from .managers import DatasetManager, LocalDatasetManager, UnconditionalGenerationDatasetManager
 from .metrics import DatasetMetricsCallback, MetricCollector, StandardMetricCollector
+from .source_loss import SourceLossSplit, split_loss_by_source
 from .streams.arrow_source import ArrowSource
 from .streams.memory import InMemoryStream
 from .streams.base import TuneIterableDataset
@@ -33,6 +34,7 @@ __all__ = [
     "MetricSpec",
     "PackedCollator",
     "PaddedCollator",
+    "SourceLossSplit",
     "StandardMetricCollector",
     "TextDataModule",
     "TokenizerFileTokenizer",
@@ -41,4 +43,5 @@ __all__ = [
     "UnconditionalGenerationDatasetManager",
     "interleave_datasets",
     "shifted_labels",
+    "split_loss_by_source",
 ]

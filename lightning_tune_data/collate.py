@@ -10,8 +10,9 @@ of the *same document*, or ``-100`` (ignored) where there is no target: at each 
 token, on padding, and where the next token is a masked prompt token.
 
 The provenance side channel is a dict of plain Python lists with one entry per document in the
-batch (``source``, ``epoch``, ``tokens``, ``row``, ``new_document``). It is small, crosses the
-worker boundary cheaply, and feeds the per-source metrics in the main process.
+batch (``source``, ``epoch``, ``tokens``, ``row``, ``new_document``, ``truncated_tokens``,
+``dropped_before``). It is small, crosses the worker boundary cheaply, and feeds the per-source
+metrics and per-source losses in the main process.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_tune_data.streams.base import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE
+from lightning_tune_data.streams.base import DROPPED_BEFORE, EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, TRUNCATED_TOKENS
 
 #: Label value that the loss ignores (``torch.nn.CrossEntropyLoss``'s default ``ignore_index``).
 IGNORE_INDEX = -100
@@ -49,6 +50,7 @@ _PACKED_PROVENANCE_KEYS = (SOURCE, EPOCH, TOKENS, NEW_DOCUMENT)
 __all__ = [
     "ATTENTION_MASK",
     "DOCUMENT_IDS",
+    "DROPPED_BEFORE",
     "EPOCH",
     "IGNORE_INDEX",
     "INPUT_IDS",
@@ -64,6 +66,7 @@ __all__ = [
     "SEQ_LENS",
     "SOURCE",
     "TOKENS",
+    "TRUNCATED_TOKENS",
     "shifted_labels",
 ]
 
@@ -145,6 +148,19 @@ def _one_d(owner: str, index: int, key: str, value: Any, integer: bool = True) -
     return array
 
 
+def _count(owner: str, index: int, sample: Mapping[str, Any], key: str) -> int:
+    """An optional non-negative int field of a sample or provenance entry (absent or None: 0)."""
+    value = sample.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(
+            f"{owner}: sample {index} field {key!r} must be a non-negative int, got {value!r}; it counts "
+            "tokens or documents removed by the length policy."
+        )
+    return int(value)
+
+
 def _required(owner: str, index: int, sample: Mapping[str, Any], key: str, what: str) -> Any:
     try:
         return sample[key]
@@ -169,8 +185,9 @@ class PaddedCollator:
     Input samples are dicts with ``input_ids`` (1-D int array), optional ``loss_mask`` (1-D bool
     array, ``True`` = training target), ``source`` (str) and ``epoch`` (int); other keys are
     ignored. The output also carries ``provenance``: plain lists ``source``, ``epoch``,
-    ``tokens`` (real tokens of the document in this batch), ``row`` and ``new_document``
-    (always ``True`` here), one entry per row.
+    ``tokens`` (real tokens of the document in this batch), ``row``, ``new_document``
+    (always ``True`` here), ``truncated_tokens`` (the sample's own ``truncated_tokens`` plus any
+    tokens cut here) and ``dropped_before`` (the sample's, default 0), one entry per row.
 
     Args:
         pad_id: token id written on padding positions (the tokenizer's ``pad_id``).
@@ -213,6 +230,8 @@ class PaddedCollator:
         masks: list[np.ndarray | None] = []
         sources: list[str] = []
         epochs: list[int] = []
+        truncated: list[int] = []
+        dropped: list[int] = []
         for index, sample in enumerate(samples):
             ids = _one_d(
                 owner, index, INPUT_IDS,
@@ -226,7 +245,9 @@ class PaddedCollator:
                         f"{owner}: sample {index} has {ids.shape[0]} input_ids but "
                         f"{mask.shape[0]} loss_mask entries; they must describe the same tokens."
                     )
+            cut = _count(owner, index, sample, TRUNCATED_TOKENS)
             if self.max_seq_len is not None and ids.shape[0] > self.max_seq_len:
+                cut += ids.shape[0] - self.max_seq_len
                 ids = ids[: self.max_seq_len]
                 mask = None if mask is None else mask[: self.max_seq_len]
             ids_list.append(ids)
@@ -235,6 +256,8 @@ class PaddedCollator:
             epoch = _required(owner, index, sample, EPOCH, "the stream sets the source's pass.")
             sources.append(str(source))
             epochs.append(int(epoch))
+            truncated.append(cut)
+            dropped.append(_count(owner, index, sample, DROPPED_BEFORE))
 
         batch_size = len(ids_list)
         lengths = np.fromiter((ids.shape[0] for ids in ids_list), dtype=np.int64, count=batch_size)
@@ -271,6 +294,8 @@ class PaddedCollator:
                 TOKENS: lengths.tolist(),
                 ROW: list(range(batch_size)),
                 NEW_DOCUMENT: [True] * batch_size,
+                TRUNCATED_TOKENS: truncated,
+                DROPPED_BEFORE: dropped,
             },
         }
 
@@ -288,8 +313,9 @@ class PackedCollator:
     shifted, ``-100`` at each document end), ``position_ids`` (restarting at 0 per document)
     and ``document_ids`` (``0..k-1`` within the pack): 1-D int arrays of one length ``n``; plus
     ``seq_lens`` (the documents' lengths, summing to ``n``) and ``provenance`` (a list of dicts
-    with ``source``, ``epoch``, ``tokens`` and ``new_document``, one per document; a document
-    continued from the previous pack has ``new_document=False``).
+    with ``source``, ``epoch``, ``tokens`` and ``new_document``, and optionally
+    ``truncated_tokens`` and ``dropped_before``, one per document; a document continued from the
+    previous pack has ``new_document=False``).
 
     Output: ``input_ids``, ``labels``, ``position_ids``, ``document_ids`` as ``[B, L]`` long
     tensors padded with ``pad_id``, ``-100``, ``0`` and ``-1``; ``attention_mask`` ``[B, L]``
@@ -398,7 +424,7 @@ class PackedCollator:
             output.fill(fill)
         seq_lens = np.zeros((batch_size, max_documents), dtype=np.int64)
         provenance: dict[str, list[Any]] = {
-            SOURCE: [], EPOCH: [], TOKENS: [], ROW: [], NEW_DOCUMENT: []
+            SOURCE: [], EPOCH: [], TOKENS: [], ROW: [], NEW_DOCUMENT: [], TRUNCATED_TOKENS: [], DROPPED_BEFORE: []
         }
         for row, (arrays, row_seq_lens, row_provenance) in enumerate(validated):
             n = arrays[0].shape[0]
@@ -411,6 +437,8 @@ class PackedCollator:
                 provenance[TOKENS].append(int(document[TOKENS]))
                 provenance[ROW].append(row)
                 provenance[NEW_DOCUMENT].append(bool(document[NEW_DOCUMENT]))
+                provenance[TRUNCATED_TOKENS].append(_count(owner, row, document, TRUNCATED_TOKENS))
+                provenance[DROPPED_BEFORE].append(_count(owner, row, document, DROPPED_BEFORE))
         columns = np.arange(width, dtype=np.int64)
         views[len(fills)][:] = columns[None, :] < lengths[:, None]
 

@@ -29,6 +29,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from .collate import PackedCollator, PaddedCollator
 from .distributed import current_rank_and_world_size
+from .lengths import overlong_warnings
 from .loaders import (
     EvalDocuments,
     LoaderOptions,
@@ -344,6 +345,10 @@ class TextDataModule(LightningDataModule):
                     if lightning_stage not in manager.stages or name in self._datasets[split]:
                         continue
                     self._datasets[split][name] = manager.setup(self.tokenizer, self.cache_dir)
+        if self._datasets["train"] and self.packing != "concat" and not getattr(self, "_overlong_checked", False):
+            self._overlong_checked = True  # one pass over the cached lengths, once per datamodule
+            for line in overlong_warnings(self._datasets["train"], self.max_seq_len, self.overlong):
+                rank_zero_warn(line)
 
     def _loaded(self, split: str, name: str) -> Any:
         try:

@@ -18,6 +18,8 @@ import torch
 import torchmetrics
 from lightning.pytorch import LightningModule
 
+from .source_loss import split_loss_by_source
+
 STAGES = ("train", "val", "test")
 
 
@@ -49,6 +51,11 @@ class Harness(LightningModule, ABC):
 
     Subclasses implement ``step_outputs(batch) -> dict`` (must hold ``loss``; whatever the
     configured ``inputs`` name) and get ``training_step``/``validation_step``/``test_step``.
+
+    When ``step_outputs`` also returns ``token_loss`` (the unreduced ``[B, L]`` loss) and the
+    train batch carries provenance, every training step logs ``train/<source>/loss`` for each
+    train source with label tokens in the step: the token-weighted mean over that source's label
+    tokens, summed over every DDP rank before dividing (so it is exact, not a mean of means).
 
     Args:
         reported_metrics: ``{stage: {dataloader_name: {metric_name: MetricSpec}}}`` with stage in
@@ -133,9 +140,30 @@ class Harness(LightningModule, ABC):
             self.log(f"{stage}/{name}/{metric_name}", metric, on_step=on_step, on_epoch=not on_step,
                      batch_size=batch_size, add_dataloader_idx=False, prog_bar=metric_name == "loss")
 
+    def _train_source_names(self) -> list[str]:
+        weights = getattr(self.trainer.datamodule, "train_source_weights", None) or {}
+        return list(weights)
+
+    def _log_source_losses(self, stream: str, outputs: dict[str, Any], batch: dict[str, Any]) -> None:
+        """Log ``train/<source>/loss`` from the per-token loss (sums reduced over ranks, then divided)."""
+        token_loss = outputs.get("token_loss")
+        if token_loss is None or "provenance" not in batch:
+            return
+        sources = self._train_source_names() or None
+        split = split_loss_by_source(token_loss.detach(), batch, sources=sources)
+        if self.trainer.world_size > 1:
+            split = split.all_reduce(self.trainer.strategy.reduce)
+        for source, loss in split.means().items():
+            if source == stream:  # one train source: train/<name>/loss is already the overall loss
+                continue
+            self.log(f"train/{source}/loss", loss.float(), on_step=True, on_epoch=False, batch_size=1,
+                     add_dataloader_idx=False)
+
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         outputs = self.step_outputs(batch)
-        self._update_and_log("train", self.dataloader_name("train"), outputs, batch["input_ids"].shape[0])
+        stream = self.dataloader_name("train")
+        self._update_and_log("train", stream, outputs, batch["input_ids"].shape[0])
+        self._log_source_losses(stream, outputs, batch)
         return outputs["loss"]
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:

@@ -195,6 +195,8 @@ def test_padded_collator_reports_provenance_per_document() -> None:
         "tokens": [3, 1, 2],
         "row": [0, 1, 2],
         "new_document": [True, True, True],
+        "truncated_tokens": [0, 0, 0],
+        "dropped_before": [0, 0, 0],
     }
     assert all(type(v) is int for v in batch[PROVENANCE]["tokens"] + batch[PROVENANCE]["epoch"])
 
@@ -319,7 +321,32 @@ def test_packed_collator_flattens_provenance_over_rows() -> None:
         "tokens": [3, 1, 2],
         "row": [0, 0, 1],
         "new_document": [False, True, True],
+        "truncated_tokens": [0, 0, 0],
+        "dropped_before": [0, 0, 0],
     }
+
+
+def test_padded_collator_carries_length_policy_counts_and_adds_its_own_cut() -> None:
+    cut_by_stream = dict(doc([1, 2, 3], "wiki"), truncated_tokens=5, dropped_before=2)
+    cut_here = doc([4, 5, 6, 7, 8, 9], "code")  # 6 tokens, max_seq_len 4: the safety net cuts 2
+    batch = PaddedCollator(pad_id=PAD, max_seq_len=4)([cut_by_stream, cut_here, doc([1], "wiki")])
+    assert batch[PROVENANCE]["truncated_tokens"] == [5, 2, 0]
+    assert batch[PROVENANCE]["dropped_before"] == [2, 0, 0]
+
+
+def test_packed_collator_carries_length_policy_counts_per_piece() -> None:
+    row0 = pack([doc([1, 2, 3], "wiki"), doc([4], "code")])
+    row0["provenance"][0].update(truncated_tokens=7)
+    row0["provenance"][1].update(dropped_before=3)
+    batch = PackedCollator(pad_id=PAD)([row0, pack([doc([5, 6], "code")])])
+    assert batch[PROVENANCE]["truncated_tokens"] == [7, 0, 0]
+    assert batch[PROVENANCE]["dropped_before"] == [0, 3, 0]
+
+
+def test_collators_reject_a_negative_truncation_count() -> None:
+    sample = dict(doc([1, 2]), truncated_tokens=-1)
+    with pytest.raises(ValueError, match="'truncated_tokens' must be a non-negative int"):
+        PaddedCollator(pad_id=PAD)([sample])
 
 
 def test_packed_collator_rejects_a_pack_longer_than_max_seq_len() -> None:

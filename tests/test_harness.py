@@ -159,7 +159,7 @@ def test_metric_asking_for_a_missing_step_output_fails_naming_the_available_outp
         make_trainer(tmp_path).validate(model, datamodule=datamodule, verbose=False)
     message = str(error.value)
     assert "reported_metrics.val.prose.accuracy" in message and "['predictions']" in message
-    assert "['labels', 'logits', 'loss', 'num_tokens']" in message
+    assert "['labels', 'logits', 'loss', 'num_tokens', 'token_loss']" in message
 
 
 def test_unknown_reported_metrics_stage_fails_naming_the_valid_stages(data_dir, tmp_path):

@@ -79,8 +79,7 @@ def fit_single(
 def test_logged_counts_equal_provenance_of_batches_the_model_trained_on(tmp_path: Path) -> None:
     trainer, cb, model = fit_single(tmp_path, max_steps=7, log_every_n_steps=3, window=8)
     assert len(model.records) == 7
-    rows = mt.read_csv_metrics(tmp_path / "csv" / "version_0" / "metrics.csv")
-    dataset_rows = {s: r for s, r in rows.items() if any(k.startswith("dataset/") for k in r)}
+    dataset_rows = mt.read_dataset_rows(tmp_path / "csv" / "version_0" / "metrics.csv")
     assert sorted(dataset_rows) == [3, 6, 7]  # every 3 optimizer steps, plus train end
     weights = trainer.datamodule.train_source_weights
     for step in (3, 6, 7):
@@ -98,8 +97,7 @@ def test_counts_follow_optimizer_steps_under_gradient_accumulation(tmp_path: Pat
         tmp_path, max_steps=4, log_every_n_steps=2, window=5, packed=False, accumulate_grad_batches=2
     )
     assert len(model.records) == 8
-    rows = mt.read_csv_metrics(tmp_path / "csv" / "version_0" / "metrics.csv")
-    dataset_rows = {s: r for s, r in rows.items() if any(k.startswith("dataset/") for k in r)}
+    dataset_rows = mt.read_dataset_rows(tmp_path / "csv" / "version_0" / "metrics.csv")
     assert sorted(dataset_rows) == [2, 4]
     weights = trainer.datamodule.train_source_weights
     assert_logged_matches(dataset_rows[2], mt.reference_metrics([model.records[:4]], window=5, weights=weights))
@@ -126,7 +124,7 @@ def test_resume_from_checkpoint_continues_counters(tmp_path: Path) -> None:
 
     _, cb2, model2 = fit_single(second_dir, max_steps=8, log_every_n_steps=2, window=6, ckpt_path=str(ckpt))
     assert len(model2.records) == 5  # steps 4..8
-    rows = mt.read_csv_metrics(second_dir / "csv" / "version_0" / "metrics.csv")
+    rows = mt.read_dataset_rows(second_dir / "csv" / "version_0" / "metrics.csv")
     expected = mt.reference_metrics(
         [model1.records[:3] + model2.records], window=6, weights={"books": 0.5, "code": 0.25, "web": 0.25}
     )
@@ -145,10 +143,10 @@ def test_metrics_are_logged_to_tensorboard_and_csv_loggers(tmp_path: Path) -> No
     events.Reload()
     scalars = events.Tags()["scalars"]
     samples = events.Scalars("dataset/all/samples_seen")
-    assert [e.step for e in samples] == [2, 4]
+    assert [e.step for e in samples] == [1, 3], "the steps Lightning logs the train loss of steps 2 and 4 at"
     assert samples[-1].value == expected["all"]["samples_seen"]
     assert "dataset/web/seq_len_p95" in scalars
-    csv_rows = mt.read_csv_metrics(tmp_path / "csv" / "version_0" / "metrics.csv")
+    csv_rows = mt.read_dataset_rows(tmp_path / "csv" / "version_0" / "metrics.csv")
     assert csv_rows[4]["dataset/all/tokens_seen"] == expected["all"]["tokens_seen"]
 
 
@@ -208,8 +206,7 @@ def test_ddp_logs_global_counters_and_union_window_percentiles_and_resumes_per_r
     assert result["world_size"] == 2 and [len(r) for r in records] == [5, 5]
     weights = result["source_weights"]
 
-    rows = mt.read_csv_metrics(result["metrics_csv"])
-    dataset_rows = {s: r for s, r in rows.items() if any(k.startswith("dataset/") for k in r)}
+    dataset_rows = mt.read_dataset_rows(result["metrics_csv"])
     assert sorted(dataset_rows) == [2, 4, 5]
     for step in (2, 4, 5):
         expected = mt.reference_metrics([r[:step] for r in records], window=6, weights=weights)
@@ -234,7 +231,7 @@ def test_ddp_logs_global_counters_and_union_window_percentiles_and_resumes_per_r
     _wait_for(resume_files)
     resumed = [json.loads(p.read_text()) for p in resume_files[:2]]
     assert [len(r) for r in resumed] == [5, 5]  # steps 3..7
-    rows = mt.read_csv_metrics(json.loads(resume_files[2].read_text())["metrics_csv"])
+    rows = mt.read_dataset_rows(json.loads(resume_files[2].read_text())["metrics_csv"])
     expected = mt.reference_metrics(
         [records[r][:2] + resumed[r] for r in (0, 1)], window=6, weights=weights
     )

@@ -13,6 +13,7 @@ channel blindly.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import statistics
@@ -142,13 +143,17 @@ def fit(corpus: Path, run_dir: Path, max_steps: int, packing: str | None, log_ev
 
 
 def read_logged(path: Path) -> dict[int, dict[str, float]]:
-    """``dataset/...`` values of a CSVLogger ``metrics.csv``, by step (empty cells dropped)."""
+    """``dataset/...`` values of a CSVLogger ``metrics.csv``, by optimizer step (empty cells dropped).
+
+    Lightning logs the train loss of the batch that makes ``global_step`` reach ``n`` at CSV step
+    ``n - 1``; the dataset metrics computed after that batch share its row.
+    """
     rows: dict[int, dict[str, float]] = {}
     with path.open(newline="") as handle:
         for row in csv.DictReader(handle):
             values = {k: float(v) for k, v in row.items() if k.startswith("dataset/") and v not in ("", None)}
             if values:
-                rows.setdefault(int(row["step"]), {}).update(values)
+                rows.setdefault(int(row["step"]) + 1, {}).update(values)
     return rows
 
 
@@ -276,6 +281,32 @@ def test_counters_continue_from_checkpoint_and_match_uninterrupted_run(small_cor
     assert from_callback(resumed_cb.get_metrics()) == from_callback(full_cb.get_metrics())
 
 
+def test_recent_window_shows_changed_weights_right_after_a_resume(small_corpus, tmp_path):
+    # A run at a:b = 0.8:0.2 for 20 steps, resumed with 0.2:0.8 for one window (10 steps) more.
+    def run(weights: dict[str, float], max_steps: int, ckpt_path: str | None) -> dict[int, dict[str, float]]:
+        seed_everything(0)
+        run_dir = tmp_path / ("second" if ckpt_path else "first")
+        callbacks = [DatasetMetricsCallback(log_every_n_steps=10, window=10, print_summary=False),
+                     ModelCheckpoint(dirpath=run_dir / "ckpt", every_n_train_steps=20, save_top_k=-1)]
+        trainer = Trainer(accelerator="cpu", max_steps=max_steps, callbacks=callbacks, log_every_n_steps=10,
+                          logger=CSVLogger(save_dir=run_dir, name="csv", version=0), limit_val_batches=0,
+                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir)
+        datamodule = make_datamodule(small_corpus, None, num_workers=0, weights=weights)
+        model = TinyCausalLM(vocab_size=datamodule.vocab_size, max_seq_len=64, d_model=16, n_layers=1, n_heads=2)
+        with pytest.warns(UserWarning, match="weights changed") if ckpt_path else contextlib.nullcontext():
+            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        return read_logged(run_dir / "csv" / "version_0" / "metrics.csv")
+
+    first = run({"a": 0.8, "b": 0.2}, 20, None)
+    assert first[20]["dataset/a/window_share"] == pytest.approx(0.8, abs=0.05)
+    ckpt = next((tmp_path / "first" / "ckpt").glob("*step=20.ckpt"))
+    second = run({"a": 0.2, "b": 0.8}, 30, str(ckpt))
+    at_30 = second[30]
+    assert at_30["dataset/a/target_weight"] == 0.2
+    assert at_30["dataset/a/window_share"] == pytest.approx(0.2, abs=0.05), "the last window holds only new batches"
+    assert at_30["dataset/a/share"] > 0.5, "the cumulative share still counts the 20 steps at 0.8"
+
+
 # --------------------------------------------------------------------------- 3. DDP
 @pytest.mark.slow
 def test_ddp_logged_metrics_reduce_every_ranks_trained_batches(ddp_corpus, tmp_path):
@@ -299,6 +330,9 @@ def test_ddp_logged_metrics_reduce_every_ranks_trained_batches(ddp_corpus, tmp_p
         assert_metrics_equal(unflatten(row), want, f"metrics.csv at step {step}")
         per_rank = [expected_metrics([b[:step]], WEIGHTS)[STREAM] for b in batches]
         assert want[STREAM]["samples_seen"] == sum(m["samples_seen"] for m in per_rank)
+        for source in WEIGHTS:  # the recent window (100 batches) still covers every step of both ranks
+            assert row[f"dataset/{source}/window_share"] == pytest.approx(want[source]["share"], rel=1e-12)
+            assert row[f"dataset/{source}/window_token_share"] == pytest.approx(want[source]["token_share"], rel=1e-12)
     final = expected_metrics(batches, WEIGHTS)
     assert final[STREAM]["seq_len_window_size"] == 2 * WINDOW, "the statistics cover both ranks' full windows"
     # The data tells a reduction of windows from an average of per-rank medians apart.

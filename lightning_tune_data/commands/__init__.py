@@ -13,6 +13,7 @@ import importlib
 COMMANDS: dict[str, str] = {
     "cache": "lightning_tune_data.commands.cache",
 }
+COMMANDS: dict[str, str] = {"report": "lightning_tune_data.commands.report"}
 
 
 def run_command(name: str, argv: list[str]) -> int:

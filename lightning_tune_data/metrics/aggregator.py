@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_tune_data.metrics.collector import MetricCollector, StandardMetricCollector
+from lightning_tune_data.metrics.window import LENGTH_POLICY_METRICS, LengthPolicyCounts, RecentMix
 
 __all__ = ["DatasetMetricsAggregator", "CollectorsFactory", "PROVENANCE_FIELDS"]
 
@@ -26,7 +27,7 @@ __all__ = ["DatasetMetricsAggregator", "CollectorsFactory", "PROVENANCE_FIELDS"]
 CollectorsFactory = Callable[[str], Union[MetricCollector, Sequence[MetricCollector]]]
 
 #: Fields of ``batch["provenance"]`` (one list entry per document piece in the batch).
-PROVENANCE_FIELDS = ("source", "epoch", "tokens", "row", "new_document")
+PROVENANCE_FIELDS = ("source", "epoch", "tokens", "row", "new_document", "truncated_tokens", "dropped_before")
 
 _PACKING_KEYS = ("total_positions", "padding_positions", "packed_rows", "packed_row_docs")
 
@@ -55,6 +56,11 @@ def _merge_into(out: MetricsDict, metrics: Mapping[str, Mapping[str, Any]]) -> N
         out.setdefault(name, {"metrics": {}})["metrics"].update(dict(entry.get("metrics", {})))
 
 
+def tidy_weight(weight: float) -> float:
+    """A normalised weight as people write it: ``0.1``, not ``0.09999999999999999`` (10 significant digits)."""
+    return float(f"{weight:.10g}")
+
+
 def _is_dist() -> bool:
     """Whether a process group of more than one rank is initialised."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
@@ -71,6 +77,10 @@ class DatasetMetricsAggregator:
     ``padding_share`` (padding positions / all positions of batches carrying ``attention_mask``) and,
     once a packed batch (one with ``document_ids``) was seen, ``packing_efficiency``
     (``1 - padding_share`` of packed batches) and ``docs_per_pack`` (mean document pieces per row).
+    Sources also get ``window_share`` and ``window_token_share``: the same shares over the last
+    ``window`` batches only (the mix as it is now). Sources and the stream get ``truncated_docs``,
+    ``truncated_tokens`` and ``dropped_docs`` (documents cut or dropped for exceeding ``max_seq_len``,
+    from the provenance columns ``truncated_tokens`` and ``dropped_before``).
 
     Args:
         source_weights: Target weight per source name (normalised here); sources listed are reported
@@ -79,6 +89,8 @@ class DatasetMetricsAggregator:
         collectors_factory: Builds the collector(s) for one name, called as
             ``collectors_factory(name)``; may return one collector or a sequence of them whose
             metrics are merged. Defaults to :class:`StandardMetricCollector`.
+        window: Batches the ``window_*`` shares are computed over (per rank; the ranks' windows are
+            united, so under DDP it covers the last ``window`` steps of every rank).
     """
 
     def __init__(
@@ -86,6 +98,7 @@ class DatasetMetricsAggregator:
         source_weights: Mapping[str, float] | None = None,
         stream_name: str = "all",
         collectors_factory: CollectorsFactory = StandardMetricCollector,
+        window: int = 100,
     ) -> None:
         if not isinstance(stream_name, str) or not stream_name:
             raise ValueError(f"DatasetMetricsAggregator: stream_name must be a non-empty string, got {stream_name!r}.")
@@ -93,6 +106,8 @@ class DatasetMetricsAggregator:
         self._factory = collectors_factory
         self._collectors: dict[str, list[MetricCollector]] = {}
         self._packing = dict.fromkeys(_PACKING_KEYS, 0)
+        self._recent = RecentMix(window)
+        self._length_policy = LengthPolicyCounts()
         self._warned_unmergeable: set[str] = set()
         self.source_weights: dict[str, float] = {}
         self._collectors_for(stream_name)
@@ -173,7 +188,10 @@ class DatasetMetricsAggregator:
         n = len(sources)
         epochs = [int(e) for e in _as_list(provenance["epoch"])] if "epoch" in provenance else [0] * n
         new_doc = [bool(f) for f in _as_list(provenance["new_document"])] if "new_document" in provenance else [True] * n
-        for field, column in (("tokens", tokens), ("epoch", epochs), ("new_document", new_doc)):
+        truncated = [int(t) for t in _as_list(provenance["truncated_tokens"])] if "truncated_tokens" in provenance else [0] * n
+        dropped = [int(d) for d in _as_list(provenance["dropped_before"])] if "dropped_before" in provenance else [0] * n
+        for field, column in (("tokens", tokens), ("epoch", epochs), ("new_document", new_doc),
+                              ("truncated_tokens", truncated), ("dropped_before", dropped)):
             if len(column) != n:
                 raise ValueError(
                     f"DatasetMetricsAggregator.update: provenance column '{field}' has {len(column)} entries but "
@@ -195,6 +213,8 @@ class DatasetMetricsAggregator:
             else:
                 self._feed(source, [tokens[i] for i in idx], [epochs[i] for i in idx], [new_doc[i] for i in idx])
 
+        self._recent.add_batch(sources, tokens, new_doc)
+        self._length_policy.add(sources, truncated, dropped, new_doc)
         if batch is not None:
             self._update_packing(batch, n)
 
@@ -235,12 +255,15 @@ class DatasetMetricsAggregator:
             self._packing["packed_row_docs"] += num_records
 
     # ------------------------------------------------------------------ reporting
-    def _derived(self, out: MetricsDict, packing: Mapping[str, int]) -> MetricsDict:
-        """Add share / target weight / packing metrics to merged collector metrics.
+    def _derived(self, out: MetricsDict, packing: Mapping[str, int], recent: Sequence[Mapping[str, Any]],
+                 length_policy: Sequence[Mapping[str, Any]]) -> MetricsDict:
+        """Add share / window / length-policy / target weight / packing metrics to merged collector metrics.
 
         Args:
             out: Merged collector metrics (modified in place and returned).
             packing: Packing counters (this rank's or summed over ranks).
+            recent: :class:`RecentMix` states (this rank's, or every rank's).
+            length_policy: :class:`LengthPolicyCounts` states (this rank's, or every rank's).
         """
         stream = out.setdefault(self.stream_name, {"metrics": {}})["metrics"]
         total_samples = stream.get("samples_seen")
@@ -254,7 +277,18 @@ class DatasetMetricsAggregator:
             if total_tokens is not None and "tokens_seen" in metrics:
                 metrics["token_share"] = metrics["tokens_seen"] / total_tokens if total_tokens else 0.0
             if name in self.source_weights:
-                metrics["target_weight"] = self.source_weights[name]
+                metrics["target_weight"] = tidy_weight(self.source_weights[name])
+        window = RecentMix.shares(recent)
+        counts = LengthPolicyCounts.merged(length_policy)
+        totals = dict.fromkeys(LENGTH_POLICY_METRICS, 0)
+        for name, entry in out.items():
+            if name == self.stream_name:
+                continue
+            entry["metrics"].update(window.get(name, {"window_share": 0.0, "window_token_share": 0.0}))
+            for metric, value in counts.get(name, dict.fromkeys(LENGTH_POLICY_METRICS, 0)).items():
+                entry["metrics"][metric] = value
+                totals[metric] += value
+        stream.update(totals)
         if packing["total_positions"]:
             stream["padding_share"] = packing["padding_positions"] / packing["total_positions"]
         if packing["packed_rows"]:
@@ -285,12 +319,14 @@ class DatasetMetricsAggregator:
             for name in self._collectors:
                 for collector in self._collectors[name]:
                     _merge_into(out, collector.get_metrics())
-            return self._derived(out, self._packing)
+            return self._derived(out, self._packing, [self._recent.state_dict()], [self._length_policy.state_dict()])
 
         payload = {
             "names": list(self._collectors),
             "states": {name: [c.state_dict() for c in cs] for name, cs in self._collectors.items()},
             "packing": dict(self._packing),
+            "recent": self._recent.state_dict(),
+            "length_policy": self._length_policy.state_dict(),
         }
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, payload)
@@ -318,15 +354,17 @@ class DatasetMetricsAggregator:
                     if name in self._collectors:
                         _merge_into(out, collector.get_metrics())
         packing = {k: sum(int(p["packing"][k]) for p in gathered) for k in _PACKING_KEYS}
-        return self._derived(out, packing)
+        return self._derived(out, packing, [p["recent"] for p in gathered], [p["length_policy"] for p in gathered])
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """This rank's state: ``{"stream_name", "collectors": {name: [state, ...]}, "packing": {...}}``."""
+        """This rank's state: ``stream_name``, ``collectors`` (name -> states), ``packing``, ``recent``, ``length_policy``."""
         return {
             "stream_name": self.stream_name,
             "collectors": {name: [c.state_dict() for c in cs] for name, cs in self._collectors.items()},
             "packing": dict(self._packing),
+            "recent": self._recent.state_dict(),
+            "length_policy": self._length_policy.state_dict(),
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -356,3 +394,5 @@ class DatasetMetricsAggregator:
         for name in self.source_weights:
             self._collectors_for(name)
         self._packing = {k: int(state_dict["packing"].get(k, 0)) for k in _PACKING_KEYS}
+        self._recent.load_state_dict(state_dict.get("recent", {}))
+        self._length_policy.load_state_dict(state_dict.get("length_policy", {}))

@@ -13,12 +13,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from lightning_tune_data.distributed import current_rank_and_world_size
 from lightning_tune_data.metrics.aggregator import CollectorsFactory, DatasetMetricsAggregator, MetricsDict
 from lightning_tune_data.metrics.collector import StandardMetricCollector
+from lightning_tune_data.metrics.summary import format_mix_table, tensorboard_layout
 
 __all__ = ["DatasetMetricsCallback"]
 
@@ -49,7 +52,13 @@ class DatasetMetricsCallback(Callback):
       provenance are ignored.
     * Every ``log_every_n_steps`` optimizer steps (``trainer.global_step``) and at the end of
       training, reduces the metrics across ranks (a collective: it runs on every rank) and logs
-      them through ``trainer.loggers`` on rank 0, at ``step=trainer.global_step``.
+      them on the same step as Lightning logs that batch's train loss (``global_step - 1``). When
+      the Trainer logs at that step too (its ``log_every_n_steps`` divides this one) they go
+      through ``LightningModule.log``, so a CSV logger writes them on the train loss's row.
+    * ``window_share`` / ``window_token_share``: the mix over the last ``window`` batches, next to
+      the cumulative ``share`` / ``token_share``; a changed weight shows within one window.
+    * With a TensorBoard logger, a custom-scalars layout puts every source's shares on one chart.
+    * At the end of a fit, rank 0 prints a short table of realised vs target mix.
     * Target weights come from ``trainer.datamodule.train_source_weights`` when it exists.
     * Checkpoints hold every rank's counts (``{"world_size": W, "ranks": [...]}``); on resume each
       rank restores its own, so counters continue instead of restarting at 0. ``state_dict()`` is a
@@ -61,6 +70,8 @@ class DatasetMetricsCallback(Callback):
         stream_name: Name of the whole-stream metrics group.
         collectors_factory: Optional factory ``name -> collector(s)``; defaults to
             :class:`StandardMetricCollector` with ``seq_len_stat_window_size``.
+        window: Train batches the ``window_*`` shares cover (per rank).
+        print_summary: Print the realised-vs-target table at the end of a fit.
     """
 
     def __init__(
@@ -69,6 +80,8 @@ class DatasetMetricsCallback(Callback):
         seq_len_stat_window_size: int = 1000,
         stream_name: str = "all",
         collectors_factory: CollectorsFactory | None = None,
+        window: int = 100,
+        print_summary: bool = True,
     ) -> None:
         if int(log_every_n_steps) < 1:
             raise ValueError(f"DatasetMetricsCallback: log_every_n_steps must be >= 1, got {log_every_n_steps}.")
@@ -78,10 +91,14 @@ class DatasetMetricsCallback(Callback):
         factory = collectors_factory or functools.partial(
             StandardMetricCollector, seq_len_stat_window_size=self.seq_len_stat_window_size
         )
-        self.aggregator = DatasetMetricsAggregator(None, stream_name=stream_name, collectors_factory=factory)
+        self.window = int(window)
+        self.print_summary = bool(print_summary)
+        self.aggregator = DatasetMetricsAggregator(None, stream_name=stream_name, collectors_factory=factory,
+                                                   window=self.window)
         self._pending: tuple[int, Mapping[str, Any], Mapping[str, Any]] | None = None
         self._last_metrics: MetricsDict = {}
         self._last_logged_step = -1
+        self._logged_through_module = False
 
     @property
     def state_key(self) -> str:
@@ -119,6 +136,10 @@ class DatasetMetricsCallback(Callback):
         """
         self._read_source_weights(trainer)
         self._pending = None
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                if isinstance(logger, TensorBoardLogger):
+                    logger.experiment.add_custom_scalars(tensorboard_layout())
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -132,6 +153,7 @@ class DatasetMetricsCallback(Callback):
             batch_idx: Index of the batch in the epoch.
         """
         self._pending = None
+        self._forget_logged_values(trainer)
         if isinstance(batch, Mapping) and PROVENANCE_KEY in batch:
             self._pending = (batch_idx, batch[PROVENANCE_KEY], batch)
 
@@ -153,7 +175,7 @@ class DatasetMetricsCallback(Callback):
         self._pending = None
         step = trainer.global_step
         if step > 0 and step % self.log_every_n_steps == 0 and step != self._last_logged_step:
-            self._compute_and_log(trainer)
+            self._compute_and_log(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Final reduction and log (skipped when the last step was just logged); runs on every rank.
@@ -164,20 +186,46 @@ class DatasetMetricsCallback(Callback):
         """
         if trainer.global_step != self._last_logged_step:
             self._compute_and_log(trainer)
+        if self.print_summary and trainer.is_global_zero and self._last_metrics:
+            mix_by = getattr(getattr(trainer, "datamodule", None), "mix_by", "documents")
+            print(format_mix_table(self._last_metrics, self.stream_name, mix_by), flush=True)
 
-    def _compute_and_log(self, trainer: pl.Trainer) -> None:
-        """Reduce across ranks (collective: every rank calls this at the same step) and log on rank 0.
+    def _forget_logged_values(self, trainer: pl.Trainer) -> None:
+        """Stop Lightning from logging our last values again at later steps.
+
+        Values given to ``LightningModule.log`` stay in the Trainer's results until the epoch ends and
+        are logged again at every later logging step; dataset metrics must appear only at the steps
+        they were computed for.
+        """
+        if not self._logged_through_module:
+            return
+        results = getattr(trainer, "_results", None)
+        for item in getattr(results, "values", lambda: [])():
+            meta = getattr(item, "meta", None)
+            if getattr(meta, "fx", None) == "on_train_batch_end" and str(getattr(meta, "name", "")).startswith("dataset/"):
+                item.reset()
+        self._logged_through_module = False
+
+    def _compute_and_log(self, trainer: pl.Trainer, pl_module: pl.LightningModule | None = None) -> None:
+        """Reduce across ranks (collective: every rank calls this at the same step) and log.
 
         Args:
             trainer: The trainer.
+            pl_module: The module, when called from a hook where ``LightningModule.log`` is allowed.
         """
         distributed = trainer.world_size > 1
         self._last_metrics = self.aggregator.compute(distributed=distributed)
         self._last_logged_step = trainer.global_step
-        if trainer.is_global_zero:
-            flat = flatten_metrics(self._last_metrics)
-            for logger in trainer.loggers:
-                logger.log_metrics(flat, step=trainer.global_step)
+        flat = flatten_metrics(self._last_metrics)
+        connector = getattr(trainer, "_logger_connector", None)
+        if pl_module is not None and trainer.loggers and bool(getattr(connector, "should_update_logs", False)):
+            # Every rank holds the same global values; float64 keeps counters exact in the logs.
+            values = {key: torch.tensor(value, dtype=torch.float64) for key, value in flat.items()}
+            pl_module.log_dict(values, on_step=True, on_epoch=False, batch_size=1, add_dataloader_idx=False)
+            self._logged_through_module = True
+        elif trainer.is_global_zero:
+            for logger in trainer.loggers:  # the row Lightning logs this batch's train loss on
+                logger.log_metrics(flat, step=max(trainer.global_step - 1, 0))
 
     def get_metrics(self) -> MetricsDict:
         """The last computed metrics, ``{name: {"metrics": {...}}}`` (global across ranks; a copy)."""

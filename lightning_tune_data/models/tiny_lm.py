@@ -55,6 +55,9 @@ class _Block(nn.Module):
 class TinyCausalLM(Harness):
     """A tiny causal transformer LM trained on the datamodule's batch contract.
 
+    Its step outputs include ``token_loss`` (the unreduced ``[B, L]`` loss), so training also logs
+    ``train/<source>/loss`` per train source (see ``Harness``).
+
     Args:
         vocab_size: vocabulary size (the CLI links it from the datamodule's tokenizer).
         max_seq_len: longest sequence (positions); linked from the datamodule by the CLI.
@@ -113,9 +116,11 @@ class TinyCausalLM(Harness):
         )
         labels = batch["labels"]
         num_tokens = (labels != IGNORE_INDEX).sum()
-        loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
-        loss = loss_sum / num_tokens.clamp(min=1)
-        return {"loss": loss, "num_tokens": num_tokens, "logits": logits, "labels": labels}
+        token_loss = F.cross_entropy(
+            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+        ).view_as(labels)  # 0 where the label is ignored
+        loss = token_loss.sum() / num_tokens.clamp(min=1)
+        return {"loss": loss, "num_tokens": num_tokens, "logits": logits, "labels": labels, "token_loss": token_loss}
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> list[list[int]]:
         """Greedy continuation of each prompt; returns generated token ids per row."""

@@ -193,6 +193,19 @@ def read_csv_metrics(path: str | os.PathLike) -> dict[int, dict[str, float]]:
     return rows
 
 
+def read_dataset_rows(path: str | os.PathLike) -> dict[int, dict[str, float]]:
+    """Rows holding ``dataset/...`` values, keyed by the optimizer step they were computed at.
+
+    Lightning logs the train loss of the batch that makes ``global_step`` reach ``n`` at CSV step
+    ``n - 1``; the dataset metrics computed after that batch share its row.
+
+    Args:
+        path: The ``metrics.csv`` file.
+    """
+    rows = read_csv_metrics(path)
+    return {step + 1: row for step, row in rows.items() if any(k.startswith("dataset/") for k in row)}
+
+
 def reference_metrics(
     per_rank_batches: Sequence[Sequence[dict[str, list]]],
     window: int,

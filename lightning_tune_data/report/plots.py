@@ -1,0 +1,129 @@
+"""Matplotlib charts of the data report, each written to one PNG (headless ``Agg`` backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["plot_efficiency", "plot_lengths", "plot_losses", "plot_mix", "plot_truncation"]
+
+
+def _pyplot():  # noqa: ANN202 - matplotlib.pyplot module
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:  # noqa: ANN001 - matplotlib Figure
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_mix(path: Path, x: Sequence[float], doc_shares: Mapping[str, Sequence[float]],
+             token_shares: Mapping[str, Sequence[float]], targets: Mapping[str, float], mix_by: str | None,
+             xlabel: str = "batches drawn") -> Path:
+    """Realised share of documents (solid) and tokens (dashed) per source, with the target (dotted)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, source in enumerate(doc_shares):
+        color = colors[i % len(colors)]
+        ax.plot(x, doc_shares[source], color=color, lw=2, label=f"{source}: documents")
+        if source in token_shares:
+            ax.plot(x, token_shares[source], color=color, lw=2, ls="--", label=f"{source}: tokens")
+        if source in targets:
+            ax.axhline(targets[source], color=color, lw=1, ls=":", alpha=0.8)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("share of the stream (cumulative)")
+    weights = f"target weights as shares of {mix_by}" if mix_by else "target weights"
+    ax.set_title(f"Realised vs target mix (dotted: {weights})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save(fig, path)
+
+
+def plot_lengths(path: Path, lengths: Mapping[str, np.ndarray], max_seq_len: int) -> Path:
+    """One histogram of document lengths per source, with ``max_seq_len`` marked."""
+    plt = _pyplot()
+    shown = {name: values for name, values in lengths.items() if len(values)}
+    fig, axes = plt.subplots(len(shown) or 1, 1, figsize=(8, 2.2 * max(len(shown), 1)), squeeze=False,
+                             sharex=True)
+    longest = max([int(v.max()) for v in shown.values()] + [max_seq_len])
+    bins = np.linspace(0, longest * 1.02, 80)  # the same bins for every source, so they compare
+    for ax, (name, values) in zip(axes[:, 0], shown.items()):
+        over = int((values > max_seq_len).sum())
+        ax.hist(values, bins=bins, color="tab:blue", alpha=0.8)
+        ax.axvline(max_seq_len, color="tab:red", lw=2, label=f"max_seq_len={max_seq_len}")
+        ax.set_title(f"{name}: {len(values):,} documents, {over:,} ({100 * over / len(values):.1f}%) longer "
+                     "than max_seq_len", fontsize=10)
+        ax.set_ylabel("documents")
+        ax.legend(fontsize=8)
+    axes[-1, 0].set_xlabel("document length (tokens)")
+    if not shown:
+        axes[0, 0].text(0.5, 0.5, "no cached lengths (streaming sources)", ha="center", va="center")
+    return _save(fig, path)
+
+
+def plot_efficiency(path: Path, x: Sequence[float], real_fraction: Sequence[float], title: str,
+                    xlabel: str = "batch") -> Path:
+    """Share of positions holding real tokens (not padding), per batch / logged step."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.plot(x, real_fraction, marker="o", ms=3, lw=1, color="tab:green")
+    if len(real_fraction):
+        mean = float(np.mean(real_fraction))
+        ax.axhline(mean, color="tab:green", ls=":", label=f"mean {100 * mean:.1f}%")
+        ax.legend(fontsize=8)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("real tokens / positions")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_truncation(path: Path, sources: Sequence[str], cache_overlong: Mapping[str, float] | None,
+                    truncated: Mapping[str, float], dropped: Mapping[str, float]) -> Path:
+    """Per source: share of documents longer than max_seq_len (cache), truncated and dropped (stream)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    series = [("truncated (drawn)", truncated), ("dropped (drawn)", dropped)]
+    if cache_overlong is not None:
+        series.insert(0, ("longer than max_seq_len (cache)", cache_overlong))
+    width = 0.8 / len(series)
+    positions = np.arange(len(sources))
+    for i, (label, values) in enumerate(series):
+        heights = [100 * float(values.get(s, 0.0)) for s in sources]
+        bars = ax.bar(positions + (i - (len(series) - 1) / 2) * width, heights, width, label=label)
+        ax.bar_label(bars, fmt="%.1f%%", fontsize=7)
+    ax.set_xticks(positions, sources)
+    ax.set_ylabel("% of the source's documents")
+    ax.set_title("Documents cut or dropped by the length policy")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_losses(path: Path, steps: Mapping[str, Sequence[float]], losses: Mapping[str, Sequence[float]],
+                sources: Sequence[str] = ()) -> Path:
+    """Train loss per source over the logged steps; names not in ``sources`` are drawn as the overall loss."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for name in losses:
+        if name in sources or not sources:
+            ax.plot(steps[name], losses[name], lw=1.5, label=name)
+        else:
+            ax.plot(steps[name], losses[name], lw=2, ls="--", color="black", label=f"{name} (overall)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("train loss")
+    ax.set_title("Train loss by source")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -1,0 +1,159 @@
+"""Write the data report: ``report.md`` plus PNG charts, from drawn batches or from a run's ``metrics.csv``."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..tokenizers import Tokenizer
+from .batches import BatchReport
+from .plots import plot_efficiency, plot_lengths, plot_losses, plot_mix, plot_truncation
+from .preview import LEGEND, render_rows
+
+__all__ = ["read_metrics_csv", "write_batch_report", "write_metrics_report"]
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{100 * float(value):.1f}%"
+
+
+def _mix_table(sources: list[str], metrics: Mapping[str, Any], extra: Mapping[str, Mapping[str, str]]) -> list[str]:
+    columns = ["source", "target weight", "documents", "tokens", *next(iter(extra.values()), {}).keys()]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for source in sources:
+        m = metrics.get(source, {})
+        cells = [f"`{source}`", _pct(m.get("target_weight")), _pct(m.get("share")), _pct(m.get("token_share")),
+                 *extra.get(source, {}).values()]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_batch_report(report: BatchReport, tokenizer: Tokenizer, output: str | Path, config: str = "") -> Path:
+    """Write ``output/report.md`` and its charts for batches drawn with :func:`~.batches.collect`.
+
+    Returns:
+        The path of ``report.md``.
+    """
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = {name: entry["metrics"] for name, entry in report.metrics.items()}
+    stream = metrics.get("all", {})
+    x = list(range(1, report.batches + 1))
+    plot_mix(out / "mix.png", x, report.doc_shares, report.token_shares, report.targets, report.mix_by)
+    plot_lengths(out / "lengths.png", report.lengths, report.max_seq_len)
+    kind = f"packing={report.packing}" if report.packing else "padded rows (no packing)"
+    plot_efficiency(out / "efficiency.png", x, report.real_fraction, f"Real tokens per position, {kind}")
+    overlong = {s: float((v > report.max_seq_len).mean()) if len(v) else 0.0 for s, v in report.lengths.items()}
+    drawn = {s: max(metrics.get(s, {}).get("samples_seen", 0), 1) for s in report.sources}
+    truncated = {s: metrics.get(s, {}).get("truncated_docs", 0) / drawn[s] for s in report.sources}
+    dropped = {s: metrics.get(s, {}).get("dropped_docs", 0) / drawn[s] for s in report.sources}
+    plot_truncation(out / "truncation.png", report.sources, overlong, truncated, dropped)
+
+    extra = {
+        s: {"documents drawn": f"{metrics.get(s, {}).get('samples_seen', 0):,}",
+            "tokens drawn": f"{metrics.get(s, {}).get('tokens_seen', 0):,}",
+            "longer than max_seq_len (cache)": _pct(overlong[s]) if len(report.lengths[s]) else "-",
+            "truncated / dropped (drawn)": f"{metrics.get(s, {}).get('truncated_docs', 0)} / "
+                                           f"{metrics.get(s, {}).get('dropped_docs', 0)}"}
+        for s in report.sources
+    }
+    lines = [
+        "# Data report", "",
+        f"{report.batches} train batches drawn{f' from `{config}`' if config else ''} (no model, no training): "
+        f"batch_size={report.batch_size}, max_seq_len={report.max_seq_len}, "
+        f"packing={report.packing or 'none'}; weights are shares of **{report.mix_by}**.", "",
+        "## Mix: realised vs target", "",
+        *_mix_table(report.sources, metrics, extra), "",
+        "![realised vs target mix](mix.png)", "",
+        "Solid lines: share of documents; dashed: share of tokens; dotted: the target weight.", "",
+        "## Document lengths", "", "![document lengths](lengths.png)", "",
+        "## Padding and packing", "",
+        f"- real tokens / positions: {_pct(1 - stream.get('padding_share', 0.0))}",
+        f"- documents per row: {stream.get('docs_per_pack', 1.0):.2f}" if report.packing else "- one document per row",
+        "", "![efficiency](efficiency.png)", "",
+        "## Truncation", "", "![truncation](truncation.png)", "",
+        "## Preview of the first batch", "", LEGEND, "",
+    ]
+    for block in render_rows(report.preview, tokenizer):
+        lines += ["```text", block, "```", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def read_metrics_csv(path: str | Path) -> list[dict[str, float]]:
+    """Rows of a CSVLogger ``metrics.csv`` with their non-empty numeric cells, in file order."""
+    rows = []
+    with Path(path).open(newline="", encoding="utf-8") as handle:
+        for row in csv.DictReader(handle):
+            values = {}
+            for key, value in row.items():
+                try:
+                    values[key] = float(value)
+                except (TypeError, ValueError):
+                    continue
+            rows.append(values)
+    return rows
+
+
+def _series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:
+    points = [(row["step"], row[key]) for row in rows if key in row and "step" in row]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def write_metrics_report(metrics_csv: str | Path, output: str | Path) -> Path:
+    """Write ``output/report.md`` and charts from a finished run's logged ``metrics.csv``.
+
+    Raises:
+        ValueError: the file holds no ``dataset/<source>/share`` column (no ``DatasetMetricsCallback``).
+    """
+    rows = read_metrics_csv(metrics_csv)
+    keys = {key for row in rows for key in row}
+    sources = sorted({k.split("/")[1] for k in keys if k.startswith("dataset/") and k.endswith("/share")})
+    if not sources:
+        raise ValueError(
+            f"{metrics_csv}: no dataset/<source>/share column; log the run with DatasetMetricsCallback "
+            "(trainer.callbacks) and a CSVLogger."
+        )
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    last: dict[str, float] = {}
+    for row in rows:
+        last.update(row)
+    metrics = {s: {m: last[f"dataset/{s}/{m}"] for m in ("share", "token_share", "target_weight", "window_share",
+                                                         "window_token_share", "truncated_docs", "dropped_docs",
+                                                         "samples_seen") if f"dataset/{s}/{m}" in last}
+               for s in sources}
+    steps, _ = _series(rows, f"dataset/{sources[0]}/share")
+    plot_mix(out / "mix.png", steps, {s: _series(rows, f"dataset/{s}/share")[1] for s in sources},
+             {s: _series(rows, f"dataset/{s}/token_share")[1] for s in sources},
+             {s: m["target_weight"] for s, m in metrics.items() if "target_weight" in m}, None,
+             xlabel="step")
+    lines = ["# Data report", "", f"From the logged metrics of `{metrics_csv}` (last logged step "
+             f"{int(steps[-1]) if steps else 0}).", "", "## Mix: realised vs target", ""]
+    extra = {s: {"recent documents": _pct(m.get("window_share")), "recent tokens": _pct(m.get("window_token_share")),
+                 "truncated / dropped": f"{int(m.get('truncated_docs', 0))} / {int(m.get('dropped_docs', 0))}"}
+             for s, m in metrics.items()}
+    lines += [*_mix_table(sources, metrics, extra), "", "![realised vs target mix](mix.png)", "",
+              "Solid lines: share of documents; dashed: share of tokens; dotted: the target weight.", ""]
+    losses = {k.split("/")[1]: k for k in sorted(keys) if k.startswith("train/") and k.endswith("/loss")}
+    if losses:
+        series = {name: _series(rows, key) for name, key in losses.items()}
+        plot_losses(out / "loss.png", {n: s[0] for n, s in series.items()}, {n: s[1] for n, s in series.items()},
+                    sources)
+        lines += ["## Train loss by source", "", "![train loss by source](loss.png)", ""]
+    if "dataset/all/padding_share" in keys:
+        x, padding = _series(rows, "dataset/all/padding_share")
+        plot_efficiency(out / "efficiency.png", x, [1 - p for p in padding],
+                        "Real tokens per position (cumulative)", xlabel="step")
+        lines += ["## Padding and packing", "", "![efficiency](efficiency.png)", ""]
+    drawn = {s: max(m.get("samples_seen", 0), 1) for s, m in metrics.items()}
+    plot_truncation(out / "truncation.png", sources, None,
+                    {s: m.get("truncated_docs", 0) / drawn[s] for s, m in metrics.items()},
+                    {s: m.get("dropped_docs", 0) / drawn[s] for s, m in metrics.items()})
+    lines += ["## Truncation", "", "![truncation](truncation.png)", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path

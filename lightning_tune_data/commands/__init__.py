@@ -12,8 +12,8 @@ import importlib
 #: subcommand name -> module path (the module defines ``main(argv) -> int``).
 COMMANDS: dict[str, str] = {
     "cache": "lightning_tune_data.commands.cache",
+    "report": "lightning_tune_data.commands.report",
 }
-COMMANDS: dict[str, str] = {"report": "lightning_tune_data.commands.report"}
 
 
 def run_command(name: str, argv: list[str]) -> int:

@@ -21,6 +21,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning_tune_data.distributed import current_rank_and_world_size
 from lightning_tune_data.metrics.aggregator import CollectorsFactory, DatasetMetricsAggregator, MetricsDict
 from lightning_tune_data.metrics.collector import StandardMetricCollector
+from lightning_tune_data.metrics.rank_merge import merge_rank_states
 from lightning_tune_data.metrics.summary import format_mix_table, tensorboard_layout
 
 __all__ = ["DatasetMetricsCallback"]
@@ -259,11 +260,16 @@ class DatasetMetricsCallback(Callback):
             )
         rank, world = current_rank_and_world_size()
         saved_world = int(state_dict["world_size"])
-        if saved_world != world or len(state_dict["ranks"]) != saved_world:
+        if len(state_dict["ranks"]) != saved_world:
             raise ValueError(
-                f"DatasetMetricsCallback: the checkpoint's dataset metrics were saved with world_size={saved_world} "
-                f"but this run has world_size={world}. Per-rank metric state cannot be redistributed; resume with "
-                f"{saved_world} processes, or drop the callback state from the checkpoint to restart the counters."
+                f"DatasetMetricsCallback: the checkpoint's dataset metrics claim world_size={saved_world} but hold "
+                f"{len(state_dict['ranks'])} rank states; the checkpoint is damaged."
             )
+        if saved_world != world:
+            # Every logged metric is a global reduction: rank 0 takes the fold of all old ranks, the rest start empty.
+            if rank == 0:
+                self.aggregator.load_state_dict(merge_rank_states(state_dict["ranks"]))
+            self._pending = None
+            return
         self.aggregator.load_state_dict(state_dict["ranks"][rank])
         self._pending = None

@@ -54,10 +54,14 @@ def chain(corpus: Path, tmp_path: Path, segments: list[tuple[int, int, int, int]
     documents, ckpt = [], None
     for index, (until, devices, workers, batch) in enumerate(segments):
         run_dir = tmp_path / f"segment{index}"
-        for rank_result in run(corpus, run_dir, until, devices, workers, batch, packing, ckpt):
+        results = run(corpus, run_dir, until, devices, workers, batch, packing, ckpt)
+        for rank_result in results:
             assert rank_result["global_step"] == until
             documents += [doc for batch_docs in rank_result["documents"] for doc in batch_docs]
         ckpt = checkpoint(run_dir, until)
+    # the dataset metrics carried over every layout change: they count every document the model saw
+    for source in SIZES:
+        assert results[0]["samples_seen"][source] == sum(1 for s, _, _ in documents if s == source)
     return documents
 
 

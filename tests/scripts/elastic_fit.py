@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_tune_data import LocalDatasetManager, TextDataModule
+from lightning_tune_data import DatasetMetricsCallback, LocalDatasetManager, TextDataModule
 from lightning_tune_data.models import TinyCausalLM
 
 BOS, PAD = 256, 258
@@ -81,12 +81,13 @@ def fit(corpus: Path, run_dir: Path, max_steps: int, devices: int = 1, num_worke
         cache_dir=str(corpus / "cache"),
     )
     recorder = DocumentRecorder()
+    metrics = DatasetMetricsCallback(log_every_n_steps=CHECKPOINT_EVERY)
     trainer = Trainer(
         accelerator="cpu",
         strategy="ddp" if devices > 1 else "auto",
         devices=devices,
         max_steps=max_steps,
-        callbacks=[recorder, ModelCheckpoint(dirpath=run_dir / "ckpt", every_n_train_steps=CHECKPOINT_EVERY, save_top_k=-1)],
+        callbacks=[recorder, metrics, ModelCheckpoint(dirpath=run_dir / "ckpt", every_n_train_steps=CHECKPOINT_EVERY, save_top_k=-1)],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -95,7 +96,9 @@ def fit(corpus: Path, run_dir: Path, max_steps: int, devices: int = 1, num_worke
     )
     model = TinyCausalLM(vocab_size=datamodule.vocab_size, max_seq_len=MAX_SEQ_LEN, d_model=16, n_layers=1, n_heads=2)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-    result = {"documents": recorder.documents, "batches": recorder.batches, "global_step": trainer.global_step}
+    samples = {name: entry["metrics"]["samples_seen"] for name, entry in metrics.get_metrics().items()}
+    result = {"documents": recorder.documents, "batches": recorder.batches, "global_step": trainer.global_step,
+              "samples_seen": samples}
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
     if torch.distributed.is_initialized():

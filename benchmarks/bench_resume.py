@@ -7,29 +7,28 @@ i.e. everything between "the checkpoint is loaded" and "the first batch is in th
 worker start-up included. Baseline of the step-10 figure: the same path with no state (a fresh
 start); baseline of the step-1M figure: the step-10 figure (target: within 2x, and under 1 s).
 
-How the step-1M state is built without iterating 1M batches. The loader state is a pure function
-of ``(epoch, position)`` per source (and shard), ``draws`` per interleaver, and counters, so it is
-*computed*: a genuine state is taken after 10 batches (it has the exact structure: torchdata
-snapshot, worker snapshots, shard ids), then every field that depends on the step is rewritten for
-step ``N``:
+How the step-1M state is built without iterating 1M batches. The loader state holds positions only
+(per source and shard: pass and positions visited; per interleaver: draws and what each source
+contributed; per packer: its open packs by reference), so it is *computed*: a genuine state is
+taken after 10 batches (it has the exact structure: torchdata snapshot, worker snapshots, shard
+ids, open packs), then every field that depends on the step is rewritten for step ``N``:
 
 * with ``W`` workers (round robin, ``in_order``), worker ``w`` produced ``N // W + (w < N % W)``
   batches, i.e. ``s_w = batches * batch_size`` samples;
-* unpacked single source: ``epoch, position = divmod(s_w, rows_per_shard)`` (exact: no filtering);
-* interleaved: ``draws = s_w``, and each child's sample count is obtained by replaying the
-  interleaver's choice sequence (its per-block stratified uniforms, regenerated vectorised from the
-  same ``(seed, name, rank, worker, block)`` RNG seeds), then ``divmod`` as above (exact);
-* packed (best_fit): the number of documents the packer consumed by step ``N`` is extrapolated from
-  the genuine step-10 state (documents per batch), the interleaver's children get the expected
-  share ``documents * weight`` of them (replaying ~200k blocks would take seconds and the count is
-  an estimate anyway), and the packer's buffer (open packs, as tensors) is the genuine one: the same size as at
-  any step, but not the exact content of step ``N``;
+* unpacked single source: ``epoch, positions visited = divmod(s_w, rows_per_shard)`` (exact);
+* interleaved: ``draws = s_w`` and each source's count is its expected share ``draws * weight``
+  (the interleaver keeps every source within a few documents of that, so the state has the
+  magnitudes of step ``N``), then ``divmod`` as above;
+* packed (best_fit): the number of documents the packer consumed by step ``N`` is extrapolated
+  from the genuine step-10 state (documents per batch); the open packs are the genuine ones (by
+  reference: the same size as at any step);
 * torchdata's counters (``_num_yielded``, ``_snapshot_step``, ``_sampler_iter_yielded``,
   ``samples_yielded``) are set to ``N`` (and ``N * batch_size``).
 
-The construction is validated in every run: a state computed for a small step ``V`` from the
-step-10 state is compared field by field (epochs, positions, draws) with the genuine state after
-``V`` batches, for the unpacked and interleaved configurations.
+Resuming re-reads only the documents of the open packs and evaluates the pass permutation at the
+saved position, so the cost cannot depend on ``N``; the run checks that for every configuration.
+The unpacked single-source construction is validated in every run against the genuine state after
+``VALIDATE_STEP`` batches.
 """
 
 from __future__ import annotations
@@ -69,31 +68,11 @@ def _source_fields(count: int, rows_per_shard: int) -> tuple[int, int]:
     return divmod(count, rows_per_shard)
 
 
-def _child_counts(interleaver, worker: int, draws: int, exact: bool = True) -> dict[str, int]:
-    """How many samples each child of ``interleaver`` gave after ``draws`` draws of ``worker``.
-
-    ``exact``: replay the choice sequence block by block (about 25 us per block of 256 draws);
-    otherwise the expected counts ``draws * weight`` (off by O(sqrt(draws / 256)) samples).
-    """
-    from lightning_tune_data.streams.interleave import BLOCK_SIZE, _cumulative
-
-    if not exact:
-        expected = np.floor(np.asarray(interleaver._weights) * draws).astype(np.int64)
-        expected[0] += draws - int(expected.sum())
-        return dict(zip(interleaver._names, expected.tolist()))
-    active = list(range(len(interleaver._names)))
-    cumulative = np.asarray(_cumulative(active, interleaver._weights))
-    counts = np.zeros(len(active), dtype=np.int64)
-    full_blocks, rest = divmod(draws, BLOCK_SIZE)
-    for block in range(full_blocks + (1 if rest else 0)):
-        # the interleaver's _block_uniforms, without the round trip through a Python list
-        rng = np.random.default_rng([interleaver._seed, interleaver._name_key, interleaver._rank, worker, block])
-        uniforms = (rng.permutation(BLOCK_SIZE) + rng.random(BLOCK_SIZE)) / BLOCK_SIZE
-        if block == full_blocks:
-            uniforms = uniforms[:rest]
-        choice = np.minimum(np.searchsorted(cumulative, uniforms, side="right"), len(active) - 1)
-        counts += np.bincount(choice, minlength=len(active))
-    return dict(zip(interleaver._names, counts.tolist()))
+def _child_counts(interleaver, draws: int) -> dict[str, int]:
+    """Expected samples of each child of ``interleaver`` after ``draws`` draws (its weights' shares)."""
+    expected = np.floor(np.asarray(interleaver._weights) * draws).astype(np.int64)
+    expected[0] += draws - int(expected.sum())
+    return dict(zip(interleaver._names, expected.tolist()))
 
 
 def _worker_dataset_states(state: dict, num_workers: int) -> list[tuple[int, dict]]:
@@ -135,16 +114,19 @@ def advance_state(dm, state: dict, step: int, batch_size: int, from_step: int) -
             child_state, draws = dataset_state, samples
         if interleaver is not None:
             own = child_state[interleaver.dataset_name]
+            old_draws = max(int(own["draws"]), 1)
+            tokens_per_draw = sum(c["tokens"] for c in own["consumed"].values()) / old_draws
             own["draws"] = draws
-            counts = _child_counts(interleaver, worker, draws, exact=packer is None)
+            counts = _child_counts(interleaver, draws)
+            own["consumed"] = {n: {"documents": c, "tokens": c * tokens_per_draw} for n, c in counts.items()}
             children = own["children"]
         else:
             counts = {inner.dataset_name: draws}
             children = child_state
         for name, count in counts.items():
-            source = children[name]
-            rows_per_shard = source["num_rows"] // source["num_shards"]
-            source["epoch"], source["position"] = _source_fields(count, rows_per_shard)
+            walk = children[name]["walk"]
+            rows_per_shard = walk["num_rows"] // walk["num_shards"]
+            walk["plan"]["epoch"], walk["plan"]["tail_taken"] = _source_fields(count, rows_per_shard)
 
     def counters(node: dict) -> None:
         for key in ("_num_yielded", "_snapshot_step", "_sampler_iter_yielded"):
@@ -159,12 +141,12 @@ def advance_state(dm, state: dict, step: int, batch_size: int, from_step: int) -
 
 
 def _positions(state: dict, num_workers: int) -> list:
-    """(worker, path, epoch, position) and draws, for comparing two states."""
+    """(worker, shard, pass, positions visited) of every source, and draws, for comparing two states."""
     out = []
     for worker, dataset_state in _worker_dataset_states(state, num_workers):
         def grab(node: dict, worker=worker) -> None:
-            if "position" in node and "num_rows" in node:
-                out.append((worker, "source", node["shard_id"], node["epoch"], node["position"]))
+            if "plan" in node and "num_rows" in node:
+                out.append((worker, "source", node["shard_id"], node["plan"]["epoch"], node["plan"]["tail_taken"]))
             if "draws" in node:
                 out.append((worker, "draws", node["draws"]))
         _walk(dataset_state, grab)
@@ -174,7 +156,9 @@ def _positions(state: dict, num_workers: int) -> list:
 def checkpoint(dm, loader_state: dict | None, batches: int) -> dict:
     if loader_state is None:
         return {}
-    return {"version": 1, "signature": dm.data_signature(),
+    from lightning_tune_data.datamodule import STATE_VERSION
+
+    return {"version": STATE_VERSION, "signature": dm.data_signature(),
             "ranks": [{"batches_consumed": batches, "loader": loader_state}]}
 
 
@@ -209,7 +193,7 @@ def run(ctx) -> list[Result]:
             genuine_validate = loader.state_after(VALIDATE_STEP)
             del it, loader
             validation = ""
-            if packing is None:
+            if not interleaved and packing is None:
                 computed = advance_state(dm, genuine_small, VALIDATE_STEP, bs, STEP_SMALL)
                 same = _positions(computed, nw) == _positions(genuine_validate, nw)
                 validation = f"computed state == genuine state at step {VALIDATE_STEP}: {same}"

@@ -3,7 +3,7 @@
 Mental model: source -> dataset (stream) -> interleave / pack -> loader -> trainer.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from .collate import PackedCollator, PaddedCollator, shifted_labels
 from .datamodule import TextDataModule

@@ -213,3 +213,11 @@ def test_bad_num_passes_and_rank_are_rejected():
         InMemoryStream(_docs(3), "d", num_passes=0)
     with pytest.raises(ValueError, match="rank=2, world_size=2"):
         InMemoryStream(_docs(3), "d", rank=2, world_size=2)
+
+
+def test_empty_documents_are_skipped_and_an_all_empty_shard_is_an_error():
+    stream = InMemoryStream([[1], [], [2, 2]], "gaps", shuffle=False)
+    iterator = iter(stream)
+    assert [next(iterator)["input_ids"].tolist() for _ in range(4)] == [[1], [2, 2], [1], [2, 2]]
+    with pytest.raises(RuntimeError, match="Stream 'blank'.*shard 0 of 1.*all empty"):
+        next(iter(InMemoryStream([[], []], "blank")))

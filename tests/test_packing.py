@@ -225,10 +225,17 @@ def test_a_truncated_document_ends_with_an_ignored_label():
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_empty_documents_are_dropped_and_counted(strategy):
-    stream = InMemoryStream([[1, 2], [], [3]], "d", shuffle=False, num_passes=1)
-    packer = IterablePackedDataset(stream, 8, strategy=strategy)
+    class Fixed(InMemoryStream):  # a user stream that does yield an empty document
+        def __iter__(self):
+            for ids in ([1, 2], [], [3]):
+                yield {"input_ids": np.asarray(ids, dtype=np.int64), "source": "d", "epoch": 0}
+
+    packer = IterablePackedDataset(Fixed([[1]], "d"), 8, strategy=strategy)
     assert _flat_docs(list(packer)) == [[1, 2], [3]]
     assert packer.counters["empty_dropped"] == 1
+    from_sources = IterablePackedDataset(InMemoryStream([[1, 2], [], [3]], "d", shuffle=False, num_passes=1), 8,
+                                         strategy=strategy)
+    assert _flat_docs(list(from_sources)) == [[1, 2], [3]]  # sources skip empty documents themselves
 
 
 # ---------------------------------------------------------------- exact resume
@@ -378,3 +385,21 @@ def test_invalid_settings_are_rejected(kwargs, message):
 def test_default_name_is_packed_child_name():
     assert IterablePackedDataset(_make_finite(), 16).dataset_name == "packed_f"
     assert IterablePackedDataset(_make_finite(), 16, dataset_name="p").dataset_name == "p"
+
+
+def test_a_stream_of_only_empty_documents_is_an_error_not_a_hang():
+    import lightning_tune_data.streams.packing as packing_module
+
+    class Empties(InMemoryStream):
+        def __iter__(self):
+            while True:
+                yield {"input_ids": np.zeros(0, dtype=np.int64), "source": "blank", "epoch": 0}
+
+    packer = IterablePackedDataset(Empties([[1]], "blank"), 16, strategy="best_fit")
+    original = packing_module._MAX_UNUSABLE_IN_A_ROW
+    packing_module._MAX_UNUSABLE_IN_A_ROW = 50
+    try:
+        with pytest.raises(RuntimeError, match=r"last 50 documents of 'blank'.*empty"):
+            next(iter(packer))
+    finally:
+        packing_module._MAX_UNUSABLE_IN_A_ROW = original

@@ -79,6 +79,7 @@ class InMemoryStream(TuneIterableDataset):
     Samples are document samples (see ``streams/base.py``): ``input_ids`` (``np.int64``),
     ``loss_mask`` (when the input had one), ``source`` (= ``dataset_name``), ``epoch`` (= pass),
     ``source_row`` (the index in ``data``), plus any other keys of an input document dict.
+    Empty documents are skipped; a shard whose pass holds only empty documents is an error.
 
     A finite stream (``num_passes`` set) raises ``StopIteration`` after its last pass; calling
     ``iter()`` again on a finished stream starts it over from pass 0 (like a list).
@@ -206,9 +207,19 @@ class InMemoryStream(TuneIterableDataset):
                     return
                 continue
             plan, epoch = walk.plan, walk.epoch
-            for index in self._key_permutation(epoch)(plan.upcoming(_BLOCK)).tolist():
-                plan.advance()
-                yield self._sample(index, epoch)
+            judged, yielded = plan.untouched_fresh, 0
+            while not plan.done:
+                for index in self._key_permutation(epoch)(plan.upcoming(_BLOCK)).tolist():
+                    plan.advance()
+                    if len(self._docs[index][INPUT_IDS]) == 0:
+                        continue  # empty documents are skipped: they would make zero-width rows
+                    yielded += 1
+                    yield self._sample(index, epoch)
+            if judged and yielded == 0:
+                raise RuntimeError(
+                    f"Stream '{self._dataset_name}': a full pass over shard {shard.shard_id} of {shard.num_shards} "
+                    f"({len(plan)} documents) produced no usable document: they are all empty."
+                )
 
     def state_dict(self) -> dict[str, Any]:
         return {self._dataset_name: {_WALK: self._shard_walk().state_dict()}}

@@ -73,6 +73,9 @@ OVERLONG_POLICIES = ("truncate", "drop")
 IGNORE_INDEX = -100
 
 _END = object()
+#: Documents in a row that can't be packed (empty, or dropped as overlong) before the packer gives up
+#: instead of reading an infinite stream forever.
+_MAX_UNUSABLE_IN_A_ROW = 100_000
 
 
 @dataclass
@@ -384,6 +387,7 @@ class IterablePackedDataset(TuneIterableDataset):
             self._finished = False
             self._child_exhausted = False
         child_it = None if self._child_exhausted else iter(self._child)
+        unusable = 0
         while True:
             if self._ready:
                 pack = self._ready.popleft()
@@ -403,6 +407,15 @@ class IterablePackedDataset(TuneIterableDataset):
             piece = self._prepare(sample)
             if piece is not None:
                 self._add(piece)
+                unusable = 0
+                continue
+            unusable += 1
+            if unusable >= _MAX_UNUSABLE_IN_A_ROW:
+                raise RuntimeError(
+                    f"Packer '{self._dataset_name}': the last {unusable:,} documents of '{self._child.dataset_name}' "
+                    f"were all empty or dropped as longer than max_seq_len={self._max_seq_len} "
+                    f"({self._counters}); nothing can be packed. Check the data and the overlong policy."
+                )
 
     # -- state -----------------------------------------------------------------------------
     def _piece_from_reference(self, state: dict[str, Any], index: int) -> _Piece:

@@ -62,7 +62,7 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
         transforms: dict[str, Any] | None = None,
     ) -> None:
         desc = self.source_description
-        if not isinstance(weight, (int, float)) or not np.isfinite(weight) or weight < 0:
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not np.isfinite(weight) or weight < 0:
             raise DataSourceError(f"{desc}: weight must be a finite number >= 0, got {weight!r}.")
         if num_proc is not None and (not isinstance(num_proc, int) or num_proc < 1):
             raise DataSourceError(f"{desc}: num_proc must be None or >= 1, got {num_proc!r}.")
@@ -78,6 +78,15 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
         self.streaming = bool(streaming)
         self.num_proc = num_proc
         self.load_kwargs = dict(load_kwargs or {})
+        taken = {"path": "path", "name": "name", "split": "split", "streaming": "streaming",
+                 "data_files": "data_files"}
+        clashes = sorted(key for key in self.load_kwargs if key in taken)
+        if clashes:
+            raise DataSourceError(
+                f"{desc}: load_kwargs {clashes} repeat arguments the manager passes to "
+                f"datasets.load_dataset itself. Set them as the manager's own options "
+                f"({', '.join(taken[k] for k in clashes)}) and remove them from load_kwargs."
+            )
         self.shuffle = bool(shuffle)
         self.max_error_count = max_error_count
         self.transforms = {k: v for k, v in (transforms or {}).items() if v is not None}

@@ -61,7 +61,10 @@ class DatasetManager(SourceManager):
         stages: Trainer stages this source is used in (default: all of fit/validate/test/predict).
         streaming: Stream with ``load_dataset(streaming=True)`` and tokenize lazily (no cache).
         num_proc: Processes for download preparation and tokenization.
-        load_kwargs: Extra keyword arguments for ``datasets.load_dataset`` (``revision``, ...).
+        load_kwargs: Extra keyword arguments for ``datasets.load_dataset`` (``revision``,
+            ``cache_dir``, ...). Downloads go to the standard Hugging Face cache
+            (``HF_DATASETS_CACHE``, ``~/.cache/huggingface/datasets``) unless ``cache_dir`` is
+            given here; this package's own cache holds only the tokenized data.
         shuffle: Whether the training stream shuffles this source.
         max_error_count: Rows whose preprocessing fails, or samples whose stream transforms
             raise, that may be skipped (and counted) before raising with the first failure's row
@@ -175,8 +178,13 @@ class DatasetManager(SourceManager):
     def _load_data_files(self) -> Any:
         return self.data_files
 
+    def _download_cache_dir(self, cache_dir: str | Path) -> str | None:
+        """Where ``datasets`` keeps downloads: ``None`` selects the standard Hugging Face cache."""
+        return None
+
     def _load(self, cache_dir: str | Path, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:
         kwargs: dict[str, Any] = dict(self.load_kwargs)
+        kwargs.setdefault("cache_dir", self._download_cache_dir(cache_dir))
         if self._load_data_files() is not None:
             kwargs["data_files"] = self._load_data_files()
         if not streaming and self.num_proc is not None:
@@ -186,7 +194,6 @@ class DatasetManager(SourceManager):
                 self.path,
                 self.name,
                 split=self.split,
-                cache_dir=str(Path(cache_dir) / "hf_datasets"),
                 streaming=streaming,
                 **kwargs,
             )

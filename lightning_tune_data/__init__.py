@@ -10,6 +10,7 @@ from .datamodule import TextDataModule
 from .harness import Harness, MetricSpec
 from .managers import DatasetManager, LocalDatasetManager, UnconditionalGenerationDatasetManager
 from .metrics import DatasetMetricsCallback, MetricCollector, StandardMetricCollector
+from .prediction_writer import PredictionWriter
 from .streams.arrow_source import ArrowSource
 from .streams.memory import InMemoryStream
 from .streams.base import TuneIterableDataset
@@ -33,6 +34,7 @@ __all__ = [
     "MetricSpec",
     "PackedCollator",
     "PaddedCollator",
+    "PredictionWriter",
     "StandardMetricCollector",
     "TextDataModule",
     "TokenizerFileTokenizer",

@@ -19,12 +19,14 @@ from __future__ import annotations
 import logging
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
 from .collate import PackedCollator, PaddedCollator
@@ -212,10 +214,10 @@ class TextDataModule(LightningDataModule):
                 if not isinstance(manager, (DatasetManager, UnconditionalGenerationDatasetManager)):
                     fail(f"dataset_managers.{split}.{name}", f"expected a DatasetManager, got {type(manager).__name__}",
                          "Use lightning_tune_data.DatasetManager / LocalDatasetManager.")
+        if not any(self.dataset_managers.values()):
+            fail("dataset_managers", "no split has a manager",
+                 "Add managers under dataset_managers.train (and val/test/predict).")
         train = self.dataset_managers.get("train") or {}
-        if not train:
-            fail("dataset_managers.train", "the train split has no manager",
-                 "Add at least one manager under dataset_managers.train.")
         for name, manager in train.items():
             if isinstance(manager, UnconditionalGenerationDatasetManager):
                 fail(f"dataset_managers.train.{name}", "UnconditionalGenerationDatasetManager is predict-only",
@@ -225,7 +227,7 @@ class TextDataModule(LightningDataModule):
             if not math.isfinite(weight) or weight < 0:
                 fail(f"dataset_managers.train.{name}.weight", f"weight {weight} is not a finite number >= 0",
                      "Give every train source a non-negative weight.")
-        if sum(weights.values()) <= 0:
+        if train and sum(weights.values()) <= 0:
             fail("dataset_managers.train", f"weights {weights} sum to 0", "Give at least one source a positive weight.")
         if self.max_seq_len < 2:
             fail("max_seq_len", f"{self.max_seq_len} is too small", "Use at least 2 (room for BOS and EOS).")
@@ -254,15 +256,15 @@ class TextDataModule(LightningDataModule):
     @property
     def train_source_weights(self) -> dict[str, float]:
         """Normalised target weight of every train source (the configured mix)."""
-        weights = {name: float(m.weight) for name, m in self.dataset_managers["train"].items()}
+        weights = {name: float(m.weight) for name, m in self._managers("train").items()}
         total = sum(weights.values())
         return {name: weight / total for name, weight in weights.items()}
 
     @property
     def dataloader_names(self) -> dict[str, list[str]]:
         """``{split: [names in dataloader_idx order]}``; train has the one stream's name."""
-        train = list(self.dataset_managers["train"])
-        names = {"train": train if len(train) == 1 else [self.train_stream_name]}
+        train = list(self._managers("train"))
+        names = {"train": train if len(train) <= 1 else [self.train_stream_name]}
         for split in ("val", "test", "predict"):
             names[split] = list(self.dataset_managers.get(split) or {})
         return names
@@ -290,8 +292,25 @@ class TextDataModule(LightningDataModule):
                 log.info("Preparing %s/%s", split, name)
                 manager.prepare_data(self.tokenizer, self.cache_dir)
 
+    def _check_stage_has_data(self, stage: str) -> None:
+        """A clear error when ``stage`` needs a split this config does not have."""
+        split = SPLITS_FOR_STAGE[stage][0]
+        if any(stage in m.stages for m in self._managers(split).values()):
+            return
+        configured = sorted(s for s, managers in self.dataset_managers.items() if managers)
+        command = {"fit": "fit", "validate": "validate", "test": "test", "predict": "predict"}[stage]
+        raise ValueError(
+            f"TextDataModule.dataset_managers.{split}: `{command}` needs at least one {split} manager "
+            f"whose stages include '{stage}', but this config has none (it configures {configured}). "
+            f"Add a manager under dataset_managers.{split}, or run a stage this config has data for."
+        )
+
     def setup(self, stage: str | None = None) -> None:
         """Load the caches every rank needs for ``stage`` (all stages when ``None``)."""
+        if stage in SPLITS_FOR_STAGE:
+            self._check_stage_has_data(stage)
+            if stage == "fit":
+                self._warn_if_validation_never_runs()
         stages = SPLITS_FOR_STAGE.keys() if stage is None else [stage]
         for lightning_stage in stages:
             for split in SPLITS_FOR_STAGE.get(lightning_stage, ()):
@@ -401,7 +420,37 @@ class TextDataModule(LightningDataModule):
         return loaders
 
     def val_dataloader(self) -> list[torch.utils.data.DataLoader]:
+        if not self._managers("val"):  # no val split: nothing to validate, nothing to warn about
+            warnings.filterwarnings("ignore", message=r"Total length of `list` across ranks is zero")
         return self._eval_loaders("val")
+
+    def _evaluating(self) -> bool:
+        """Whether the Trainer runs validate/test/predict (a checkpoint's train position is then unused)."""
+        trainer = getattr(self, "trainer", None)
+        fn = getattr(getattr(trainer, "state", None), "fn", None)
+        return fn is not None and fn != TrainerFn.FITTING
+
+    def _warn_if_validation_never_runs(self) -> None:
+        """Warn when val loaders exist but the Trainer's schedule can never reach them.
+
+        The train stream is infinite, so an "epoch" never ends: with the Trainer's default
+        ``val_check_interval=1.0`` (once per epoch), validation would only run in the sanity check.
+        """
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or self.stopping_strategy != "infinite" or self.train_mode == "map":
+            return
+        if not any("fit" in m.stages for m in self._managers("val").values()):
+            return
+        if not trainer.limit_val_batches:
+            return
+        if isinstance(trainer.val_check_interval, float):
+            rank_zero_warn(
+                f"The val split has loaders {list(self._managers('val'))}, but the train stream is infinite, so "
+                f"an epoch never ends and val_check_interval={trainer.val_check_interval} (a fraction of an "
+                "epoch) never triggers: validation would only run in the sanity check. Set the Trainer's "
+                "val_check_interval to a number of steps (e.g. 100) and check_val_every_n_epoch to None "
+                "(YAML: `val_check_interval: 100`, `check_val_every_n_epoch: null`)."
+            )
 
     def test_dataloader(self) -> list[torch.utils.data.DataLoader]:
         return self._eval_loaders("test")
@@ -450,7 +499,7 @@ class TextDataModule(LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Check the checkpoint's data config against this one and keep the state for the loader."""
-        if not state_dict:
+        if not state_dict or self._evaluating():
             return
         if state_dict.get("version") != STATE_VERSION:
             raise ValueError(

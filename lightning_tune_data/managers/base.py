@@ -7,12 +7,13 @@ workers. ``source_name`` (the dataloader/metric name, set by the datamodule) is 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
 import shutil
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,18 @@ from lightning_tune_data.managers.input_files import InputFileChecks
 from lightning_tune_data.managers.preprocessing import PreprocessingSteps
 from lightning_tune_data.preprocess import PreprocessError, resolve_callable
 from lightning_tune_data.tokenizers import Tokenizer
+
+
+@contextlib.contextmanager
+def _progress_bars_off() -> Iterator[None]:
+    """Hide ``datasets``' progress bars for a step (restoring the user's setting afterwards)."""
+    enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if enabled:
+            datasets.enable_progress_bars()
 
 
 class SourceManager(InputFileChecks, PreprocessingSteps):
@@ -221,7 +234,8 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
                 if os.path.getsize(path) == 0:
                     warnings.warn(f"{self.source_description}: data file {path} is empty; it adds no rows.",
                                   stacklevel=2)
-            dataset = self._load(cache_dir, streaming=False)
+            with _progress_bars_off():  # one bar per source: the tokenization's
+                dataset = self._load(cache_dir, streaming=False)
             work_dir = temp_dir / "_work"
             self._skipped_rows = 0
             processed = self._preprocess(dataset, tokenizer, work_dir, fingerprint)
@@ -232,7 +246,8 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
                     f"{self._skipped_rows} skipped as failed). Check the data files and what "
                     f"preprocess_function {self._preprocess_label()} filters out."
                 )
-            processed.save_to_disk(str(temp_dir / "dataset"))
+            with _progress_bars_off():
+                processed.save_to_disk(str(temp_dir / "dataset"))
             del processed, dataset
             shutil.rmtree(work_dir, ignore_errors=True)
             files = {

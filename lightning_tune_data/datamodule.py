@@ -86,7 +86,7 @@ def default_source_name(manager: Any) -> str:
 
 
 def _named(split: str, managers: Any) -> Any:
-    """Normalise seed 002's list form (``train: [manager, ...]``) to ``{name: manager}``."""
+    """Normalise the list form (``train: [manager, ...]``) to ``{name: manager}``."""
     if not isinstance(managers, (list, tuple)):
         return managers
     names = [default_source_name(m) if isinstance(m, DatasetManager) else repr(m) for m in managers]
@@ -112,7 +112,7 @@ class TextDataModule(LightningDataModule):
         dataset_managers: ``{split: {name: manager}}`` with split in train|val|test|predict.
             Train managers are interleaved by their ``weight``; their names are the per-source
             metric namespaces. Each val/test/predict manager becomes one named dataloader. A split
-            may also be a list of managers (seed 002's form); they are then named after their first
+            may also be a list of managers; they are then named after their first
             data file's stem (or dataset name), and duplicates are an error.
         tokenizer: the tokenizer used by preprocessing and padding (default ``ByteTokenizer``).
         max_seq_len: longest sequence (tokens) a batch row may hold.
@@ -127,9 +127,10 @@ class TextDataModule(LightningDataModule):
             (counted); ``concat`` packing splits them across blocks instead.
         multidataset_stopping_strategy: ``"infinite"`` (default: every source restarts with a
             new shuffle and the run ends at ``max_steps``), ``"first_exhausted"`` or
-            ``"all_exhausted"`` (one pass, seed 004 semantics).
+            ``"all_exhausted"`` (one pass: exhausted sources are dropped and the others renormalised, so
+            every sample is used exactly once).
         train_mode: ``"stream"`` (default) or ``"map"`` (one train manager, no packing,
-            map-style data with a stateful sampler: seed 003's map-style rows).
+            map-style data with a seeded stateful sampler).
         pad_to_multiple_of: round padded lengths up to a multiple of this.
         pin_memory, prefetch_factor, persistent_workers: passed to the dataloaders.
         eval_num_workers: workers for eval loaders (default: ``num_workers``).

@@ -334,7 +334,7 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
         return dataset
 
     def stream_transforms(self) -> dict[str, Any]:
-        """Per-sample transforms and filter for this source's train stream (seeds 000/002).
+        """Per-sample transforms and filter for this source's train stream.
 
         They run on each document sample (``input_ids``, ``loss_mask``, ``source``, ``epoch``)
         as it is streamed, after the cached preprocessing; failures count against

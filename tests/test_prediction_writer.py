@@ -20,7 +20,7 @@ from lightning_tune_data import (
 )
 from lightning_tune_data.models import TinyCausalLM
 
-from conftest import make_texts, write_jsonl
+from conftest import make_texts
 
 
 def tiny_model(datamodule: TextDataModule) -> TinyCausalLM:

@@ -9,6 +9,8 @@ Lifecycle (Lightning calls these):
   infinite stream, optionally packed, loaded by a ``StatefulDataLoader`` (see ``loaders.py``).
 * ``val/test/predict_dataloader()``: one plain, never-shuffled loader per manager, in config
   order; ``dataloader_names[stage][idx]`` is the manager name the model uses to pick its metrics.
+  ``validate``/``test``/``predict`` need only their own split's managers (no train data), and a
+  stage whose split has no manager fails in ``setup`` with an error naming the split.
 * ``state_dict()`` / ``load_state_dict()``: the train data position of *every* rank (Lightning
   writes rank 0's checkpoint only, so the ranks' states are gathered into it), taken after the
   last batch the model consumed, plus a signature of the data config checked on resume.

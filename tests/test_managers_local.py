@@ -116,3 +116,14 @@ def test_hub_style_manager_uses_the_standard_hugging_face_cache(tmp_path: Path, 
 def test_load_kwargs_that_repeat_manager_arguments_are_rejected(tmp_path: Path) -> None:
     with pytest.raises(DataSourceError, match=r"load_kwargs \['split'\] repeat arguments .* remove them from load_kwargs"):
         LocalDatasetManager(data_files=str(write(tmp_path / "a.jsonl")), load_kwargs={"split": "train"})
+
+
+def test_prepare_shows_one_progress_bar_per_source_and_restores_the_setting(tmp_path: Path, capfd) -> None:
+    datasets.enable_progress_bars()
+    manager = LocalDatasetManager(data_files=str(write(tmp_path / "a.jsonl")))
+    capfd.readouterr()
+    manager.prepare_data(TOK, tmp_path / "cache")
+    err = capfd.readouterr().err
+    assert "Tokenizing source" in err
+    assert "Generating train split" not in err and "Saving the dataset" not in err
+    assert datasets.is_progress_bar_enabled()

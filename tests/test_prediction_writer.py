@@ -109,3 +109,12 @@ def test_step_based_val_check_interval_runs_validation_without_a_warning(
     run.fit(tiny_model(datamodule), datamodule=datamodule)
     assert "val/lm/loss" in run.callback_metrics
     assert not [w for w in recwarn if "never triggers" in str(w.message)]
+
+
+def test_fit_without_a_val_split_does_not_warn_about_empty_val_loaders(corpus_dir: Path, tmp_path: Path,
+                                                                         recwarn: pytest.WarningsRecorder) -> None:
+    datamodule = TextDataModule({"train": {"a": LocalDatasetManager(data_files=str(corpus_dir / "a.jsonl"))}},
+                                max_seq_len=64, batch_size=4, cache_dir=str(tmp_path / "cache"))
+    trainer(tmp_path, max_steps=2).fit(tiny_model(datamodule), datamodule=datamodule)
+    assert not [w for w in recwarn if "across ranks is zero" in str(w.message)]
+    assert not [w for w in recwarn if "never triggers" in str(w.message)]

@@ -104,13 +104,12 @@ def test_load_kwargs_cache_dir_is_used_for_the_download_cache(tmp_path: Path) ->
     assert not (tmp_path / "cache" / "hf_datasets").exists()
 
 
-def test_hub_style_manager_uses_the_standard_hugging_face_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    hf_home = tmp_path / "hf_home"
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(hf_home))
-    manager = DatasetManager(path="json", split="train", data_files=str(write(tmp_path / "a.jsonl")))
-    manager.prepare_data(TOK, tmp_path / "cache")
-    assert any(hf_home.iterdir())
-    assert not (tmp_path / "cache" / "hf_datasets").exists()
+def test_hub_datasets_use_the_standard_hugging_face_cache_and_local_data_ours(tmp_path: Path) -> None:
+    assert DatasetManager(full_name="owner/dataset/train")._download_cache_dir(tmp_path) is None
+    local = DatasetManager(path="json", split="train", data_files=str(write(tmp_path / "a.jsonl")))
+    assert local._download_cache_dir(tmp_path / "cache") == str(tmp_path / "cache" / "hf_datasets")
+    local.prepare_data(TOK, tmp_path / "cache")
+    assert any((tmp_path / "cache" / "hf_datasets").iterdir())
 
 
 def test_load_kwargs_that_repeat_manager_arguments_are_rejected(tmp_path: Path) -> None:

@@ -19,6 +19,10 @@ from lightning_tune_data.managers.config import (
 )
 
 
+#: ``datasets`` builders that read files named by ``data_files`` rather than a hub repository.
+LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow", "pandas")
+
+
 def parse_full_name(full_name: str) -> tuple[str, str | None, str]:
     """Split ``owner/dataset[/config]/split`` into ``(path, config name or None, split)``.
 
@@ -62,9 +66,10 @@ class DatasetManager(SourceManager):
         streaming: Stream with ``load_dataset(streaming=True)`` and tokenize lazily (no cache).
         num_proc: Processes for download preparation and tokenization.
         load_kwargs: Extra keyword arguments for ``datasets.load_dataset`` (``revision``,
-            ``cache_dir``, ...). Downloads go to the standard Hugging Face cache
+            ``cache_dir``, ...). Hub downloads go to the standard Hugging Face cache
             (``HF_DATASETS_CACHE``, ``~/.cache/huggingface/datasets``) unless ``cache_dir`` is
-            given here; this package's own cache holds only the tokenized data.
+            given here; this package's own cache holds the tokenized data (and the Arrow
+            conversion of local files).
         shuffle: Whether the training stream shuffles this source.
         max_error_count: Rows whose preprocessing fails, or samples whose stream transforms
             raise, that may be skipped (and counted) before raising with the first failure's row
@@ -179,7 +184,11 @@ class DatasetManager(SourceManager):
         return self.data_files
 
     def _download_cache_dir(self, cache_dir: str | Path) -> str | None:
-        """Where ``datasets`` keeps downloads: ``None`` selects the standard Hugging Face cache."""
+        """Where ``datasets`` keeps what it loads: the standard Hugging Face cache (``None``) for
+        hub datasets, this package's ``cache_dir/hf_datasets`` for local data (a builder such as
+        ``"json"`` or a local folder), so local conversions stay out of the shared cache."""
+        if self.path in LOCAL_BUILDERS or (self.path is not None and os.path.isdir(self.path)):
+            return str(Path(cache_dir) / "hf_datasets")
         return None
 
     def _load(self, cache_dir: str | Path, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:

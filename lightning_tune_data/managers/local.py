@@ -214,11 +214,6 @@ class LocalDatasetManager(DatasetManager):
             spec["skip_blank_lines"] = True
         return spec
 
-    def _download_cache_dir(self, cache_dir: str | Path) -> str | None:
-        """Local files are converted to Arrow under this package's ``cache_dir``, not the
-        Hugging Face cache (``load_kwargs={"cache_dir": ...}`` overrides it)."""
-        return str(Path(cache_dir) / "hf_datasets")
-
     def _load(self, cache_dir: str | Path, streaming: bool) -> Any:
         dataset = super()._load(cache_dir, streaming)
         if self.skip_blank_lines:

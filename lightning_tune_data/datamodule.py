@@ -42,6 +42,7 @@ from .loaders import (
     build_train_loader,
 )
 from .managers import DatasetManager, UnconditionalGenerationDatasetManager
+from .stage_checks import check_stage_has_data, warn_if_validation_never_runs
 from .streams.arrow_source import ArrowSource
 from .streams.base import TuneIterableDataset
 from .streams.interleave import InterleavedDataset
@@ -295,25 +296,12 @@ class TextDataModule(LightningDataModule):
                 log.info("Preparing %s/%s", split, name)
                 manager.prepare_data(self.tokenizer, self.cache_dir)
 
-    def _check_stage_has_data(self, stage: str) -> None:
-        """A clear error when ``stage`` needs a split this config does not have."""
-        split = SPLITS_FOR_STAGE[stage][0]
-        if any(stage in m.stages for m in self._managers(split).values()):
-            return
-        configured = sorted(s for s, managers in self.dataset_managers.items() if managers)
-        command = {"fit": "fit", "validate": "validate", "test": "test", "predict": "predict"}[stage]
-        raise ValueError(
-            f"TextDataModule.dataset_managers.{split}: `{command}` needs at least one {split} manager "
-            f"whose stages include '{stage}', but this config has none (it configures {configured}). "
-            f"Add a manager under dataset_managers.{split}, or run a stage this config has data for."
-        )
-
     def setup(self, stage: str | None = None) -> None:
         """Load the caches every rank needs for ``stage`` (all stages when ``None``)."""
         if stage in SPLITS_FOR_STAGE:
-            self._check_stage_has_data(stage)
-            if stage == "fit":
-                self._warn_if_validation_never_runs()
+            check_stage_has_data(self.dataset_managers, stage, SPLITS_FOR_STAGE[stage][0])
+            if stage == "fit" and self.stopping_strategy == "infinite" and self.train_mode == "stream":
+                warn_if_validation_never_runs(getattr(self, "trainer", None), self._managers("val"))
         stages = SPLITS_FOR_STAGE.keys() if stage is None else [stage]
         for lightning_stage in stages:
             for split in SPLITS_FOR_STAGE.get(lightning_stage, ()):
@@ -432,28 +420,6 @@ class TextDataModule(LightningDataModule):
         trainer = getattr(self, "trainer", None)
         fn = getattr(getattr(trainer, "state", None), "fn", None)
         return fn is not None and fn != TrainerFn.FITTING
-
-    def _warn_if_validation_never_runs(self) -> None:
-        """Warn when val loaders exist but the Trainer's schedule can never reach them.
-
-        The train stream is infinite, so an "epoch" never ends: with the Trainer's default
-        ``val_check_interval=1.0`` (once per epoch), validation would only run in the sanity check.
-        """
-        trainer = getattr(self, "trainer", None)
-        if trainer is None or self.stopping_strategy != "infinite" or self.train_mode == "map":
-            return
-        if not any("fit" in m.stages for m in self._managers("val").values()):
-            return
-        if not trainer.limit_val_batches:
-            return
-        if isinstance(trainer.val_check_interval, float):
-            rank_zero_warn(
-                f"The val split has loaders {list(self._managers('val'))}, but the train stream is infinite, so "
-                f"an epoch never ends and val_check_interval={trainer.val_check_interval} (a fraction of an "
-                "epoch) never triggers: validation would only run in the sanity check. Set the Trainer's "
-                "val_check_interval to a number of steps (e.g. 100) and check_val_every_n_epoch to None "
-                "(YAML: `val_check_interval: 100`, `check_val_every_n_epoch: null`)."
-            )
 
     def test_dataloader(self) -> list[torch.utils.data.DataLoader]:
         return self._eval_loaders("test")

@@ -103,7 +103,12 @@ def check_dataset_managers(data_config: Any) -> None:
 
 
 class TuneDataCLI(LightningCLI):
-    """LightningCLI with the data -> model links this package needs."""
+    """LightningCLI with the data -> model links this package needs.
+
+    It also builds every configured manager before the rest (so a bad one is reported by its
+    config path), shows ``ByteTokenizer`` as the tokenizer's default, and, unless the config
+    disables the progress bar or brings its own, uses :class:`~lightning_tune_data.progress.StepProgressBar`.
+    """
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")

@@ -10,6 +10,7 @@ tokenizer.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -43,6 +44,9 @@ class PredictionWriter(BasePredictionWriter):
         return path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
 
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Lightning warns that it cannot record sample indices for iterable eval loaders; this writer
+        # numbers the samples itself, so the warning says nothing to act on.
+        warnings.filterwarnings("ignore", message=r"Couldn't infer the batch indices fetched from your dataloader")
         self.written_path = self._path_for(trainer)
         self.written_path.parent.mkdir(parents=True, exist_ok=True)
         self._handle = self.written_path.open("w", encoding="utf-8")

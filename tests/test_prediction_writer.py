@@ -4,6 +4,7 @@ test from the checkpoint with datamodules that hold no train manager."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,10 @@ def test_predict_from_a_checkpoint_writes_decoded_text_per_sample_without_train_
     )
     output = tmp_path / "out" / "predictions.jsonl"
     run = trainer(tmp_path, callbacks=[PredictionWriter(str(output))])
-    run.predict(tiny_model(datamodule), datamodule=datamodule, ckpt_path=str(checkpoint), return_predictions=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run.predict(tiny_model(datamodule), datamodule=datamodule, ckpt_path=str(checkpoint), return_predictions=False)
+    assert not [w for w in caught if "infer the batch indices" in str(w.message)]
 
     lines = [json.loads(line) for line in output.read_text().splitlines()]
     assert [line["dataloader"] for line in lines] == ["unconditional"] * 5 + ["prompts"] * 13

@@ -20,7 +20,7 @@ Baselines, measured in the same run and interleaved with ours repeat by repeat:
 * (b) zero-copy ceiling (single process): the Arrow ``input_ids`` column's flat values sliced by its
   offsets with NumPy, rows in a random permutation, truncated to 2048. Two variants: *no collate*
   (slice only, count the tokens) and *minimal collate* (copy each batch of 16 rows into one
-  preallocated ``[16, longest]`` int64 array: the least work any padded batch needs). The issue's
+  preallocated ``[16, longest]`` int64 array: the least work any padded batch needs). The
   10 % target is checked against the minimal-collate ceiling (ours also yields collated batches);
   the no-collate figure is reported for reference.
 

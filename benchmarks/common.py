@@ -36,7 +36,7 @@ class Result:
     """One row of the results table.
 
     ``ratio`` is ``value / baseline_value`` (both in ``unit``; for latencies and memory a ratio
-    below 1 is better, for throughput above 1). ``target`` is the issue's target in words and
+    below 1 is better, for throughput above 1). ``target`` is the target in words and
     ``met`` whether it holds (``None``: no target for this row).
     """
 

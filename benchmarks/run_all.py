@@ -1,10 +1,16 @@
-"""Run the benchmark suite and write ``benchmarks/results/latest.{md,csv}``.
+"""Run the benchmark suite and write ``latest.{md,csv}`` (``latest-quick.*`` with ``--quick``).
+
+Needs the ``[dev]`` extra (``psutil`` measures memory): ``pip install -e ".[dev]"``.
 
 Usage (from the repository root)::
 
-    python benchmarks/run_all.py            # full suite (~10 min on 2 CPU cores)
-    python benchmarks/run_all.py --quick    # smoke run with small sizes (~2 min), writes latest-quick.*
+    python benchmarks/run_all.py            # full suite (~3-5 min on 2 CPU cores)
+    python benchmarks/run_all.py --quick    # smoke run with small sizes (~1-2 min)
     python benchmarks/run_all.py --only throughput,resume
+    python benchmarks/run_all.py --update-results   # write the tracked benchmarks/results/ instead
+
+Results go to ``benchmarks/.data/results/`` (ignored by git) unless ``--update-results`` or
+``--out`` says otherwise, so a run never rewrites the committed results by accident.
 
 Every figure is printed next to its baseline, measured in the same run, and their ratio. Rates
 are medians of several repeats, and ours and the baselines are measured alternately within each
@@ -27,6 +33,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 from common import RESULTS_DIR, log  # noqa: E402
+
+PSUTIL_HINT = ('the benchmarks need psutil (memory measurements), which comes with the dev extra: '
+               'pip install -e ".[dev]" (or pip install psutil)')
+
+
+def require_psutil() -> None:
+    """Fail early, with the install command, when ``psutil`` is missing."""
+    try:
+        import psutil  # noqa: F401
+    except ImportError:
+        raise SystemExit(f"run_all.py: {PSUTIL_HINT}") from None
+
+
+def output_stem(args: argparse.Namespace, quick: bool) -> Path:
+    """Where the results go: ``--out``, else the tracked results with ``--update-results``, else scratch."""
+    name = "latest-quick" if quick else "latest"
+    if args.out is not None:
+        return args.out
+    return (RESULTS_DIR if args.update_results else args.data_dir / "results") / name
 
 BENCHMARKS = ["throughput", "resume", "memory", "prepare", "packing", "step"]
 
@@ -137,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR,
                         help="scratch directory for generated data and caches (default benchmarks/.data)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="output stem (default benchmarks/results/latest, or latest-quick with --quick)")
+                        help="output stem (default <data-dir>/results/latest, or latest-quick with --quick)")
+    parser.add_argument("--update-results", action="store_true",
+                        help="write the tracked benchmarks/results/latest[-quick].{md,csv} (to commit them)")
     parser.add_argument("--token-docs", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--memory-samples", type=int, default=None)
@@ -149,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; choose from {BENCHMARKS}")
 
+    require_psutil()
     quiet()
     ctx = make_context(args)
     info = common.machine_info()
@@ -179,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     notes = [r for r in results if r.note]
     notes_md = "\n".join(f"- {r.benchmark} / {r.config} / {r.metric}: {r.note}" for r in notes)
     document = (header(ctx, argv, info, elapsed, load_end) + table + "\n\nNotes:\n\n" + notes_md + "\n")
-    stem = args.out or RESULTS_DIR / ("latest-quick" if ctx.quick else "latest")
+    stem = output_stem(args, ctx.quick)
     stem.parent.mkdir(parents=True, exist_ok=True)
     md_path, csv_path = stem.with_suffix(".md"), stem.with_suffix(".csv")
     md_path.write_text(document)

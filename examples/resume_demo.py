@@ -9,11 +9,17 @@ the hard case (Lightning prefetches one batch ahead and the packer holds a parti
 
     python examples/resume_demo.py
     python examples/resume_demo.py --packing concat --num-workers 0
+
+Each invocation starts its runs in fresh folders under ``--output-dir``
+(``<packing>-workers<N>/full`` and ``.../resumed``) and resumes from the checkpoint file the
+checkpoint callback wrote in that fresh folder, so repeated or varied invocations never pick up an
+older run's checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -72,8 +78,13 @@ def build_datamodule(args: argparse.Namespace) -> TextDataModule:
     )
 
 
-def train(args: argparse.Namespace, run_dir: Path, ckpt_path: str | None = None) -> tuple[BatchRecorder, Path]:
-    """One real ``Trainer.fit`` to ``FINAL_STEP``; from ``ckpt_path`` when given."""
+def train(args: argparse.Namespace, run_dir: Path, ckpt_path: str | None = None) -> tuple[BatchRecorder, Path | None]:
+    """One real ``Trainer.fit`` to ``FINAL_STEP`` in a fresh ``run_dir``; from ``ckpt_path`` when given.
+
+    Returns the recorder and the checkpoint written at step ``CHECKPOINT_EVERY`` (as the checkpoint
+    callback reports it).
+    """
+    shutil.rmtree(run_dir, ignore_errors=True)
     seed_everything(args.seed)
     datamodule = build_datamodule(args)
     model = TinyCausalLM(vocab_size=datamodule.vocab_size, max_seq_len=args.max_seq_len, d_model=32, n_layers=1,
@@ -85,16 +96,20 @@ def train(args: argparse.Namespace, run_dir: Path, ckpt_path: str | None = None)
                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
                       callbacks=[recorder, checkpoints, DatasetMetricsCallback(log_every_n_steps=CHECKPOINT_EVERY)])
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-    return recorder, run_dir / "checkpoints"
+    written = sorted(Path(checkpoints.dirpath).glob(f"*step={CHECKPOINT_EVERY}*.ckpt"))  # run_dir is fresh
+    return recorder, (written[0] if len(written) == 1 else None)
 
 
 def main() -> int:
     args = parse_args()
     print(f"1) uninterrupted run to step {FINAL_STEP} (checkpoint every {CHECKPOINT_EVERY} steps)")
-    full, checkpoint_dir = train(args, args.output_dir / "full")
-    checkpoint = checkpoint_dir / f"epoch=0-step={CHECKPOINT_EVERY}.ckpt"
+    run_root = args.output_dir / f"{args.packing}-workers{args.num_workers}"
+    full, checkpoint = train(args, run_root / "full")
+    if checkpoint is None:
+        print(f"FAIL: the first run wrote no checkpoint at step {CHECKPOINT_EVERY}")
+        return 1
     print(f"2) resume from {checkpoint} to step {FINAL_STEP}")
-    resumed, _ = train(args, args.output_dir / "resumed", ckpt_path=str(checkpoint))
+    resumed, _ = train(args, run_root / "resumed", ckpt_path=str(checkpoint))
 
     expected_steps = list(range(CHECKPOINT_EVERY, FINAL_STEP))
     if sorted(resumed.batches) != expected_steps:

@@ -11,6 +11,7 @@ from .harness import Harness, MetricSpec
 from .managers import DatasetManager, LocalDatasetManager, UnconditionalGenerationDatasetManager
 from .metrics import DatasetMetricsCallback, MetricCollector, StandardMetricCollector
 from .source_loss import SourceLossSplit, split_loss_by_source
+from .prediction_writer import PredictionWriter
 from .streams.arrow_source import ArrowSource
 from .streams.memory import InMemoryStream
 from .streams.base import TuneIterableDataset
@@ -35,6 +36,7 @@ __all__ = [
     "PackedCollator",
     "PaddedCollator",
     "SourceLossSplit",
+    "PredictionWriter",
     "StandardMetricCollector",
     "TextDataModule",
     "TokenizerFileTokenizer",

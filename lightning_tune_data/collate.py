@@ -4,7 +4,7 @@ Both collators run inside dataloader workers on the hot path, so they work on pr
 numpy arrays with one vectorised copy per sample (never a Python loop per token) and hand the
 arrays to torch with ``torch.from_numpy`` (no copy).
 
-The label contract (see ``DESIGN.md``): ``labels`` are **already shifted**. The label at
+The label contract: ``labels`` are **already shifted**. The label at
 position ``i`` is the token the model must predict at position ``i``, i.e. ``input_ids[i + 1]``
 of the *same document*, or ``-100`` (ignored) where there is no target: at each document's last
 token, on padding, and where the next token is a masked prompt token.

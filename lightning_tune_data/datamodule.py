@@ -9,6 +9,8 @@ Lifecycle (Lightning calls these):
   infinite stream, optionally packed, loaded by a ``StatefulDataLoader`` (see ``loaders.py``).
 * ``val/test/predict_dataloader()``: one plain, never-shuffled loader per manager, in config
   order; ``dataloader_names[stage][idx]`` is the manager name the model uses to pick its metrics.
+  ``validate``/``test``/``predict`` need only their own split's managers (no train data), and a
+  stage whose split has no manager fails in ``setup`` with an error naming the split.
 * ``state_dict()`` / ``load_state_dict()``: the train data position of *every* rank (Lightning
   writes rank 0's checkpoint only, so the ranks' states are gathered into it), taken after the
   last batch the model consumed, plus a signature of the data config checked on resume.
@@ -19,12 +21,14 @@ from __future__ import annotations
 import logging
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
 from .collate import PackedCollator, PaddedCollator
@@ -39,6 +43,7 @@ from .loaders import (
     build_train_loader,
 )
 from .managers import DatasetManager, UnconditionalGenerationDatasetManager
+from .stage_checks import check_stage_has_data, warn_if_validation_never_runs
 from .streams.arrow_source import ArrowSource
 from .streams.base import TuneIterableDataset
 from .streams.base import ElasticResumeUnsupported
@@ -97,7 +102,7 @@ def default_source_name(manager: Any) -> str:
 
 
 def _named(split: str, managers: Any) -> Any:
-    """Normalise seed 002's list form (``train: [manager, ...]``) to ``{name: manager}``."""
+    """Normalise the list form (``train: [manager, ...]``) to ``{name: manager}``."""
     if not isinstance(managers, (list, tuple)):
         return managers
     names = [default_source_name(m) if isinstance(m, DatasetManager) else repr(m) for m in managers]
@@ -123,7 +128,7 @@ class TextDataModule(LightningDataModule):
         dataset_managers: ``{split: {name: manager}}`` with split in train|val|test|predict.
             Train managers are interleaved by their ``weight``; their names are the per-source
             metric namespaces. Each val/test/predict manager becomes one named dataloader. A split
-            may also be a list of managers (seed 002's form); they are then named after their first
+            may also be a list of managers; they are then named after their first
             data file's stem (or dataset name), and duplicates are an error.
         tokenizer: the tokenizer used by preprocessing and padding (default ``ByteTokenizer``).
         max_seq_len: longest sequence (tokens) a batch row may hold.
@@ -138,9 +143,10 @@ class TextDataModule(LightningDataModule):
             (counted); ``concat`` packing splits them across blocks instead.
         multidataset_stopping_strategy: ``"infinite"`` (default: every source restarts with a
             new shuffle and the run ends at ``max_steps``), ``"first_exhausted"`` or
-            ``"all_exhausted"`` (one pass, seed 004 semantics).
+            ``"all_exhausted"`` (one pass: exhausted sources are dropped and the others renormalised, so
+            every sample is used exactly once).
         train_mode: ``"stream"`` (default) or ``"map"`` (one train manager, no packing,
-            map-style data with a stateful sampler: seed 003's map-style rows).
+            map-style data with a seeded stateful sampler).
         pad_to_multiple_of: round padded lengths up to a multiple of this.
         pin_memory, prefetch_factor, persistent_workers: passed to the dataloaders.
         eval_num_workers: workers for eval loaders (default: ``num_workers``).
@@ -256,10 +262,10 @@ class TextDataModule(LightningDataModule):
                 if not isinstance(manager, (DatasetManager, UnconditionalGenerationDatasetManager)):
                     fail(f"dataset_managers.{split}.{name}", f"expected a DatasetManager, got {type(manager).__name__}",
                          "Use lightning_tune_data.DatasetManager / LocalDatasetManager.")
+        if not any(self.dataset_managers.values()):
+            fail("dataset_managers", "no split has a manager",
+                 "Add managers under dataset_managers.train (and val/test/predict).")
         train = self.dataset_managers.get("train") or {}
-        if not train:
-            fail("dataset_managers.train", "the train split has no manager",
-                 "Add at least one manager under dataset_managers.train.")
         for name, manager in train.items():
             if isinstance(manager, UnconditionalGenerationDatasetManager):
                 fail(f"dataset_managers.train.{name}", "UnconditionalGenerationDatasetManager is predict-only",
@@ -269,7 +275,7 @@ class TextDataModule(LightningDataModule):
             if not math.isfinite(weight) or weight < 0:
                 fail(f"dataset_managers.train.{name}.weight", f"weight {weight} is not a finite number >= 0",
                      "Give every train source a non-negative weight.")
-        if sum(weights.values()) <= 0:
+        if train and sum(weights.values()) <= 0:
             fail("dataset_managers.train", f"weights {weights} sum to 0", "Give at least one source a positive weight.")
         if self.max_seq_len < 2:
             fail("max_seq_len", f"{self.max_seq_len} is too small", "Use at least 2 (room for BOS and EOS).")
@@ -300,15 +306,15 @@ class TextDataModule(LightningDataModule):
     @property
     def train_source_weights(self) -> dict[str, float]:
         """Normalised target weight of every train source (the configured mix)."""
-        weights = {name: float(m.weight) for name, m in self.dataset_managers["train"].items()}
+        weights = {name: float(m.weight) for name, m in self._managers("train").items()}
         total = sum(weights.values())
         return {name: weight / total for name, weight in weights.items()}
 
     @property
     def dataloader_names(self) -> dict[str, list[str]]:
         """``{split: [names in dataloader_idx order]}``; train has the one stream's name."""
-        train = list(self.dataset_managers["train"])
-        names = {"train": train if len(train) == 1 else [self.train_stream_name]}
+        train = list(self._managers("train"))
+        names = {"train": train if len(train) <= 1 else [self.train_stream_name]}
         for split in ("val", "test", "predict"):
             names[split] = list(self.dataset_managers.get(split) or {})
         return names
@@ -338,6 +344,10 @@ class TextDataModule(LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """Load the caches every rank needs for ``stage`` (all stages when ``None``)."""
+        if stage in SPLITS_FOR_STAGE:
+            check_stage_has_data(self.dataset_managers, stage, SPLITS_FOR_STAGE[stage][0])
+            if stage == "fit" and self.stopping_strategy == "infinite" and self.train_mode == "stream":
+                warn_if_validation_never_runs(getattr(self, "trainer", None), self._managers("val"))
         stages = SPLITS_FOR_STAGE.keys() if stage is None else [stage]
         for lightning_stage in stages:
             for split in SPLITS_FOR_STAGE.get(lightning_stage, ()):
@@ -456,7 +466,15 @@ class TextDataModule(LightningDataModule):
         return loaders
 
     def val_dataloader(self) -> list[torch.utils.data.DataLoader]:
+        if not self._managers("val"):  # no val split: nothing to validate, nothing to warn about
+            warnings.filterwarnings("ignore", message=r"Total length of `list` across ranks is zero")
         return self._eval_loaders("val")
+
+    def _evaluating(self) -> bool:
+        """Whether the Trainer runs validate/test/predict (a checkpoint's train position is then unused)."""
+        trainer = getattr(self, "trainer", None)
+        fn = getattr(getattr(trainer, "state", None), "fn", None)
+        return fn is not None and fn != TrainerFn.FITTING
 
     def test_dataloader(self) -> list[torch.utils.data.DataLoader]:
         return self._eval_loaders("test")
@@ -522,7 +540,7 @@ class TextDataModule(LightningDataModule):
         sources, seed, ``max_seq_len``, packing, stopping strategy or train mode cannot be resumed:
         the error names them and the ``resume_data_state: false`` way out.
         """
-        if not state_dict:
+        if not state_dict or self._evaluating():
             return
         if not self.resume_data_state:
             rank_zero_warn(

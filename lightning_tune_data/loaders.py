@@ -1,4 +1,4 @@
-"""Dataloader selection (seed 003's table) and the resumable train loader.
+"""Dataloader selection (which loader and sampler each split gets) and the resumable train loader.
 
 | split | data | DDP | loader | sampler |
 |---|---|---|---|---|

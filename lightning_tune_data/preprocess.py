@@ -200,7 +200,9 @@ def resolve_callable(spec: str | Callable, field: str) -> Callable:
     spec = spec.strip()
     fix = (
         f"Give {field} as an importable dotted path 'package.module.function' (or "
-        f"'package.module:function'); the module must be on the Python path."
+        f"'package.module:function'); the module must be importable: lightning-tune-data "
+        f"imports from the directory it runs in, for a module elsewhere add its folder to "
+        f"PYTHONPATH."
     )
     if ":" in spec:
         module_name, _, attr_path = spec.partition(":")

@@ -115,8 +115,13 @@ class _PreprocessRunner:
         index = indices[error.row] if 0 <= error.row < len(indices) else error.row
         return (
             f"{self.description}: row {index}, column '{error.column}': {error.problem} "
-            f"(preprocess_function {self.fn_label}). Fix or drop that row in the data."
+            f"(preprocess_function {self.fn_label}). Fix or drop that row in the data{self._budget_hint()}."
         )
+
+    def _budget_hint(self) -> str:
+        if self.max_error_count:
+            return ""
+        return ", or set max_error_count: N on this source to skip (and count) up to N failing rows"
 
     def _row_by_row(self, examples: dict[str, list], indices: list[int]) -> dict[str, list]:
         """Re-run a failed batch one row at a time; tag the rows that fail (error budget mode)."""
@@ -163,7 +168,8 @@ class _PreprocessRunner:
         trace = "".join(traceback.format_exception(error)).rstrip()
         return PreprocessError(
             f"{self.description}: preprocess_function {self.fn_label} failed on {rows}: "
-            f"{type(error).__name__}: {error}\n{trace}"
+            f"{type(error).__name__}: {error}{self._budget_hint().replace(', or set', '. To skip such rows, set', 1)}"
+            f"{'.' if self._budget_hint() else ''}\n{trace}"
         )
 
     def _check(self, output: Any, rows: str) -> dict[str, list]:

@@ -304,3 +304,124 @@ def test_duplicate_dataloader_name_in_the_yaml_fails_instead_of_silently_keeping
         run_cli(["fit", "--config", str(path)])
     assert exit_info.value.code == 2
     assert f"duplicate key '{first_name}'" in capsys.readouterr().err
+
+
+# -- a newcomer's errors and output ---------------------------------------------------------------
+def run_main(args: list[str], capsys) -> tuple[int, str]:
+    from lightning_tune_data.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def test_missing_data_file_fails_in_one_line_naming_the_config_path_of_the_source(cli_root, tmp_path, capsys):
+    config = small_config(tmp_path)
+    config["data"]["dataset_managers"]["train"]["a"]["init_args"]["data_files"] = str(tmp_path / "nope.jsonl")
+    code, err = run_main(["fit", "--config", str(write_config(tmp_path / "cfg" / "bad.yaml", config))], capsys)
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith("lightning-tune-data: error: data.dataset_managers.train.a (LocalDatasetManager): ")
+    assert "nope.jsonl" in lines[-1] and "Fix the paths in data_files" in lines[-1]
+    assert "Traceback" not in err and "Expected a <class 'list'>" not in err
+
+
+def test_failing_preprocess_import_names_the_source_by_its_config_name(tmp_path, capsys):
+    config = small_config(tmp_path)
+    config["data"]["dataset_managers"]["val"]["sums"]["init_args"]["preprocess_function"] = "no_such_module.tokenize"
+    code, err = run_main(["fit", "--config", str(write_config(tmp_path / "cfg" / "bad.yaml", config))], capsys)
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith("lightning-tune-data: error: data.dataset_managers.val.sums ")
+    assert "no_such_module" in err
+
+
+def test_datamodule_config_errors_are_reported_with_their_field(tmp_path, capsys):
+    config = small_config(tmp_path)
+    config["data"]["max_seq_len"] = 1
+    code, err = run_main(["fit", "--config", str(write_config(tmp_path / "cfg" / "bad.yaml", config))], capsys)
+    assert code == 2
+    assert "lightning-tune-data: error: data.max_seq_len: 1 is too small" in err
+
+
+def test_console_script_imports_a_preprocess_module_from_the_working_directory(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "my_prep.py").write_text(
+        "from lightning_tune_data.preprocess import tokenize_text\n"
+        "def upper(examples, tokenizer):\n"
+        "    return tokenize_text({'text': [t.upper() for t in examples['text']]}, tokenizer)\n"
+    )
+    config = small_config(project)
+    config["data"]["dataset_managers"]["train"]["a"]["init_args"]["preprocess_function"] = "my_prep.upper"
+    config["trainer"]["max_steps"] = 1
+    config["trainer"]["val_check_interval"] = 1
+    path = write_config(tmp_path / "cfg" / "custom.yaml", config)
+    # A console script runs with its own folder, not the working directory, first on sys.path.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "lightning_tune_data_script.py").write_text("from lightning_tune_data.cli import main\nmain()\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, str(bin_dir / "lightning_tune_data_script.py"), "fit", "--config", str(path)],
+                            cwd=project, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Tokenizing source 'a'" in result.stderr
+
+
+def test_print_config_shows_the_default_tokenizer(cli_root, capsys):
+    config = print_config(capsys, ["fit", "--config", str(cli_root / "configs" / "small.yaml")])
+    assert config["data"]["tokenizer"] == {"class_path": "lightning_tune_data.ByteTokenizer"}
+
+
+def test_known_third_party_warnings_and_tips_are_filtered(caplog):
+    import logging
+    import warnings
+
+    from lightning_tune_data.cli import _silence_known_noise
+
+    _silence_known_noise()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        _silence_known_noise()
+        warnings.warn("'set_vital' is deprecated, please do not call", UserWarning)
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", UserWarning)
+        warnings.warn("a warning about the user's own setup", UserWarning)
+    assert [str(w.message) for w in caught] == ["a warning about the user's own setup"]
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        logger.info("💡 Tip: For seamless cloud logging, try installing litlogger")
+        logger.info("GPU available: False")
+    assert [r.getMessage() for r in caplog.records] == ["GPU available: False"]
+
+
+def test_progress_bar_names_steps_and_short_metric_keys(tmp_path):
+    from lightning.pytorch import Trainer
+
+    from lightning_tune_data.progress import StepProgressBar, short_metric_name
+
+    assert short_metric_name("train/interleaved/loss") == "loss"
+    assert short_metric_name("val/lm/perplexity") == "lm/perplexity"
+    assert short_metric_name("dataset/all/padding_share") == "dataset/all/padding_share"
+    bar = StepProgressBar()
+    trainer = Trainer(max_steps=5, callbacks=[bar], logger=False, default_root_dir=str(tmp_path))
+    bar.setup(trainer, None, "fit")
+    assert bar._get_train_description(0).strip() == "train"
+    epochs = StepProgressBar()
+    epochs.setup(Trainer(max_epochs=2, callbacks=[epochs], logger=False, default_root_dir=str(tmp_path)), None, "fit")
+    assert epochs._get_train_description(0).strip() == "Epoch 0/1"
+
+
+def test_predict_layered_on_a_fit_config_writes_decoded_predictions(fitted, cli_root, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # configs/predict.yaml writes runs/quickstart/predictions.jsonl
+    run_cli(["predict", "--config", str(cli_root / "configs" / "small.yaml"), "--config", str(REPO / "configs" / "predict.yaml"),
+             "--trainer.default_root_dir", str(tmp_path / "predict"), "--ckpt_path", str(fitted["checkpoints"][-1])])
+    lines = [yaml.safe_load(line) for line in (tmp_path / "runs" / "quickstart" / "predictions.jsonl").read_text().splitlines()]
+    assert [line["dataloader"] for line in lines] == ["unconditional"] * 8
+    assert all(line["token_ids"][0] == ByteTokenizer().bos_id and isinstance(line["text"], str) for line in lines)
+
+
+def test_a_later_config_replaces_the_dataset_managers_mapping(capsys):
+    config = print_config(capsys, ["predict", "--config", str(REPO / "configs" / "quickstart.yaml"),
+                                   "--config", str(REPO / "configs" / "predict.yaml")])
+    assert list(config["data"]["dataset_managers"]) == ["predict"]
+    assert config["model"]["init_args"]["d_model"] == 64  # everything else is merged key by key

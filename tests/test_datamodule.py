@@ -38,7 +38,7 @@ def ready(datamodule: TextDataModule, stage: str = "fit") -> TextDataModule:
 @pytest.mark.parametrize(
     ("bad", "field"),
     [
-        ({"train": {}}, "dataset_managers.train"),
+        ({"train": {}}, "dataset_managers: no split has a manager"),
         ({"training": {}}, "unknown split 'training'"),
         ({"train": {"": None}}, "empty or non-string dataloader name"),
         ({"train": {"a": "not a manager"}}, r"dataset_managers\.train\.a"),
@@ -49,9 +49,19 @@ def test_bad_manager_config_names_the_field(bad, field):
         TextDataModule(dataset_managers=bad)
 
 
-def test_train_split_without_managers_is_an_error(corpus_dir):
-    with pytest.raises(ValueError, match="the train split has no manager"):
-        TextDataModule(dataset_managers={"val": {"lm": LocalDatasetManager(data_files=str(corpus_dir / "val.jsonl"))}})
+def test_fit_without_train_managers_is_an_error_naming_the_split(corpus_dir, tmp_path):
+    datamodule = TextDataModule(dataset_managers={"val": {"lm": LocalDatasetManager(data_files=str(corpus_dir / "val.jsonl"))}},
+                                cache_dir=str(tmp_path / "cache"))
+    assert datamodule.dataloader_names["train"] == []
+    with pytest.raises(ValueError, match=r"dataset_managers.train: `fit` needs at least one train manager .*it configures \['val'\]"):
+        datamodule.setup("fit")
+
+
+@pytest.mark.parametrize(("stage", "split"), [("test", "test"), ("predict", "predict"), ("validate", "val")])
+def test_stage_without_its_split_is_an_error_naming_the_split(corpus_dir, tmp_path, stage, split):
+    datamodule = TextDataModule(dataset_managers={"train": managers(corpus_dir)["train"]}, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(ValueError, match=rf"dataset_managers.{split}: `{stage}` needs at least one {split} manager"):
+        datamodule.setup(stage)
 
 
 @pytest.mark.parametrize(

@@ -7,12 +7,13 @@ workers. ``source_name`` (the dataloader/metric name, set by the datamodule) is 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
 import shutil
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,16 @@ def _validate_stream_retries(value: Mapping[str, Any] | None, desc: str) -> dict
             raise DataSourceError(f"{desc}: stream_retries.{key} must be a number >= 0, got {number!r}.")
     merged["max_retries"] = int(merged["max_retries"])
     return merged
+@contextlib.contextmanager
+def _progress_bars_off() -> Iterator[None]:
+    """Hide ``datasets``' progress bars for a step (restoring the user's setting afterwards)."""
+    enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if enabled:
+            datasets.enable_progress_bars()
 
 
 class SourceManager(InputFileChecks, PreprocessingSteps):
@@ -86,7 +97,7 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
         stream_retries: dict | None = None,
     ) -> None:
         desc = self.source_description
-        if not isinstance(weight, (int, float)) or not np.isfinite(weight) or weight < 0:
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not np.isfinite(weight) or weight < 0:
             raise DataSourceError(f"{desc}: weight must be a finite number >= 0, got {weight!r}.")
         if num_proc is not None and (not isinstance(num_proc, int) or num_proc < 1):
             raise DataSourceError(f"{desc}: num_proc must be None or >= 1, got {num_proc!r}.")
@@ -103,6 +114,15 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
         self.streaming = bool(streaming)
         self.num_proc = num_proc
         self.load_kwargs = dict(load_kwargs or {})
+        taken = {"path": "path", "name": "name", "split": "split", "streaming": "streaming",
+                 "data_files": "data_files"}
+        clashes = sorted(key for key in self.load_kwargs if key in taken)
+        if clashes:
+            raise DataSourceError(
+                f"{desc}: load_kwargs {clashes} repeat arguments the manager passes to "
+                f"datasets.load_dataset itself. Set them as the manager's own options "
+                f"({', '.join(taken[k] for k in clashes)}) and remove them from load_kwargs."
+            )
         self.shuffle = bool(shuffle)
         self.max_error_count = max_error_count
         self.transforms = {k: v for k, v in (transforms or {}).items() if v is not None}
@@ -285,7 +305,8 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
                 if os.path.getsize(path) == 0:
                     warnings.warn(f"{self.source_description}: data file {path} is empty; it adds no rows.",
                                   stacklevel=2)
-            dataset = self._load(cache_dir, streaming=False)
+            with _progress_bars_off():  # one bar per source: the tokenization's
+                dataset = self._load(cache_dir, streaming=False)
             work_dir = temp_dir / "_work"
             self._skipped_rows = 0
             processed = self._preprocess(dataset, tokenizer, work_dir, fingerprint)
@@ -297,7 +318,8 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
                     f"{self._skipped_rows} skipped as failed). Check the data files and what "
                     f"preprocess_function {self._preprocess_label()} filters out."
                 )
-            processed.save_to_disk(str(temp_dir / "dataset"))
+            with _progress_bars_off():
+                processed.save_to_disk(str(temp_dir / "dataset"))
             del processed, dataset
             shutil.rmtree(work_dir, ignore_errors=True)
             files = {
@@ -387,7 +409,7 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
         return dataset
 
     def stream_transforms(self) -> dict[str, Any]:
-        """Per-sample transforms and filter for this source's train stream (seeds 000/002).
+        """Per-sample transforms and filter for this source's train stream.
 
         They run on each document sample (``input_ids``, ``loss_mask``, ``source``, ``epoch``)
         as it is streamed, after the cached preprocessing; failures count against

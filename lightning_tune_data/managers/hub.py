@@ -19,6 +19,10 @@ from lightning_tune_data.managers.config import (
 )
 
 
+#: ``datasets`` builders that read files named by ``data_files`` rather than a hub repository.
+LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow", "pandas")
+
+
 def parse_full_name(full_name: str) -> tuple[str, str | None, str]:
     """Split ``owner/dataset[/config]/split`` into ``(path, config name or None, split)``.
 
@@ -61,7 +65,11 @@ class DatasetManager(SourceManager):
         stages: Trainer stages this source is used in (default: all of fit/validate/test/predict).
         streaming: Stream with ``load_dataset(streaming=True)`` and tokenize lazily (no cache).
         num_proc: Processes for download preparation and tokenization.
-        load_kwargs: Extra keyword arguments for ``datasets.load_dataset`` (``revision``, ...).
+        load_kwargs: Extra keyword arguments for ``datasets.load_dataset`` (``revision``,
+            ``cache_dir``, ...). Hub downloads go to the standard Hugging Face cache
+            (``HF_DATASETS_CACHE``, ``~/.cache/huggingface/datasets``) unless ``cache_dir`` is
+            given here; this package's own cache holds the tokenized data (and the Arrow
+            conversion of local files).
         shuffle: Whether the training stream shuffles this source.
         max_error_count: Rows whose preprocessing fails, or samples whose stream transforms
             raise, that may be skipped (and counted) before raising with the first failure's row
@@ -180,8 +188,17 @@ class DatasetManager(SourceManager):
     def _load_data_files(self) -> Any:
         return self.data_files
 
+    def _download_cache_dir(self, cache_dir: str | Path) -> str | None:
+        """Where ``datasets`` keeps what it loads: the standard Hugging Face cache (``None``) for
+        hub datasets, this package's ``cache_dir/hf_datasets`` for local data (a builder such as
+        ``"json"`` or a local folder), so local conversions stay out of the shared cache."""
+        if self.path in LOCAL_BUILDERS or (self.path is not None and os.path.isdir(self.path)):
+            return str(Path(cache_dir) / "hf_datasets")
+        return None
+
     def _load(self, cache_dir: str | Path, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:
         kwargs: dict[str, Any] = dict(self.load_kwargs)
+        kwargs.setdefault("cache_dir", self._download_cache_dir(cache_dir))
         if self._load_data_files() is not None:
             kwargs["data_files"] = self._load_data_files()
         if not streaming and self.num_proc is not None:
@@ -193,7 +210,6 @@ class DatasetManager(SourceManager):
                 self.path,
                 self.name,
                 split=self.split,
-                cache_dir=str(Path(cache_dir) / "hf_datasets"),
                 streaming=streaming,
                 **kwargs,
             )

@@ -15,6 +15,62 @@ from lightning_tune_data.managers.input_files import _resolve_local_files
 #: ``LocalDatasetManager.ds_type`` values and the ``datasets`` builder each one uses.
 LOCAL_DS_TYPES = {"json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet",
                   "text": "text", "txt": "text"}
+#: File extensions ``ds_type`` is inferred from (after a compression suffix is stripped).
+EXTENSION_DS_TYPES = {".json": "json", ".jsonl": "json", ".ndjson": "json", ".csv": "csv",
+                      ".parquet": "parquet", ".pq": "parquet", ".txt": "text", ".text": "text"}
+COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip")
+
+
+def file_ds_type(path: str) -> str | None:
+    """The ``ds_type`` a file's extension implies (``data.jsonl.gz`` -> ``"json"``), or ``None``."""
+    name = os.path.basename(path).lower()
+    for suffix in COMPRESSION_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return EXTENSION_DS_TYPES.get(os.path.splitext(name)[1])
+
+
+def resolve_ds_type(ds_type: str | None, files: list[str]) -> str:
+    """``ds_type`` as given, checked against the files' extensions, or inferred from them.
+
+    Raises:
+        DataSourceError: The extensions disagree with each other or with ``ds_type``, or no
+            ``ds_type`` is given and no file has a known extension.
+    """
+    by_type: dict[str, list[str]] = {}
+    unknown: list[str] = []
+    for path in files:
+        kind = file_ds_type(path)
+        if kind is None:
+            unknown.append(os.path.basename(path))
+        else:
+            by_type.setdefault(kind, []).append(os.path.basename(path))
+    shown = {kind: names[:3] + ([f"... ({len(names)} files)"] if len(names) > 3 else [])
+             for kind, names in by_type.items()}
+    if ds_type is not None:
+        builder = LOCAL_DS_TYPES[ds_type]
+        conflicting = {kind: names for kind, names in shown.items() if kind != builder}
+        if conflicting:
+            raise DataSourceError(
+                f"LocalDatasetManager: ds_type {ds_type!r} conflicts with the extension of "
+                f"data_files {conflicting} (read as {', '.join(conflicting)}). Set ds_type to match the "
+                f"files, or leave ds_type unset to infer it from the extensions."
+            )
+        return ds_type
+    if len(by_type) > 1:
+        raise DataSourceError(
+            f"LocalDatasetManager: data_files mix file types {shown}. Use one LocalDatasetManager per "
+            f"file type (or set ds_type explicitly if the extensions are misleading)."
+        )
+    if unknown or not by_type:
+        raise DataSourceError(
+            f"LocalDatasetManager: cannot infer ds_type from the extension of data_files "
+            f"{unknown[:3]}; known extensions are {sorted(EXTENSION_DS_TYPES)} (optionally "
+            f"compressed: {', '.join(COMPRESSION_SUFFIXES)}). Set ds_type to one of "
+            f"{sorted(set(LOCAL_DS_TYPES) - {'jsonl', 'txt'})}."
+        )
+    return next(iter(by_type))
 
 
 class LocalDatasetManager(DatasetManager):
@@ -25,8 +81,12 @@ class LocalDatasetManager(DatasetManager):
 
     Args:
         data_files: A path, a list of paths (globs allowed), or ``{split: path(s)}``.
-        ds_type: ``"json"`` (also ``.jsonl``), ``"jsonl"``, ``"csv"``, ``"parquet"`` or ``"text"``
-            (one row per line, column ``text``).
+        ds_type: ``"json"`` (JSON or JSON Lines), ``"csv"``, ``"parquet"`` or ``"text"`` (one
+            row per line, column ``text``). Default: inferred from the files' extensions
+            (``.json``, ``.jsonl``, ``.csv``, ``.parquet``, ``.txt``, also ``.gz``/``.zst``/...
+            compressed); an explicit value that contradicts the extensions is an error.
+        skip_blank_lines: With ``ds_type="text"``, drop lines that are empty or only whitespace
+            (by default each of them becomes a document holding just BOS and EOS).
         split: Split name; with a ``{split: files}`` mapping it selects the entry.
         weight: See :class:`DatasetManager` (all remaining arguments are the same).
         preprocess_function: See :class:`DatasetManager`.
@@ -43,14 +103,14 @@ class LocalDatasetManager(DatasetManager):
         stream_retries: See :class:`DatasetManager`.
 
     Raises:
-        DataSourceError: Unknown ``ds_type`` or split.
+        DataSourceError: Unknown or contradicting ``ds_type``, or unknown split.
         FileNotFoundError: Some data files do not exist; all missing paths are listed.
     """
 
     def __init__(
         self,
         data_files: str | list[str] | dict[str, str | list[str]],
-        ds_type: str = "json",
+        ds_type: str | None = None,
         split: str = "train",
         weight: float = 1.0,
         preprocess_function: str | Callable | None = DEFAULT_PREPROCESS,
@@ -68,8 +128,9 @@ class LocalDatasetManager(DatasetManager):
         filter_fn: str | Callable | None = None,
         filter_kwargs: dict | None = None,
         stream_retries: dict | None = None,
+        skip_blank_lines: bool = False,
     ) -> None:
-        if ds_type not in LOCAL_DS_TYPES:
+        if ds_type is not None and ds_type not in LOCAL_DS_TYPES:
             raise DataSourceError(
                 f"LocalDatasetManager(data_files={data_files!r}): ds_type {ds_type!r} is not "
                 f"supported; use one of {sorted(LOCAL_DS_TYPES)}."
@@ -92,7 +153,14 @@ class LocalDatasetManager(DatasetManager):
                 f"(relative paths are resolved against the working directory {os.getcwd()}). "
                 f"Fix the paths in data_files or create the files first."
             )
+        ds_type = resolve_ds_type(ds_type, files)
+        if skip_blank_lines and LOCAL_DS_TYPES[ds_type] != "text":
+            raise DataSourceError(
+                f"LocalDatasetManager(data_files={data_files!r}): skip_blank_lines applies to "
+                f"ds_type 'text' only (got {ds_type!r}). Remove skip_blank_lines."
+            )
         self.ds_type = ds_type
+        self.skip_blank_lines = bool(skip_blank_lines)
         self.full_name = None
         self.path = LOCAL_DS_TYPES[ds_type]
         self.name = None
@@ -139,9 +207,18 @@ class LocalDatasetManager(DatasetManager):
         return [self._file_identity(f) for f in self.data_files]
 
     def _source_spec(self) -> dict[str, Any]:
-        return {
+        spec = {
             "ds_type": self.path,
             "split": self.split,
             "data_file_identities": self._data_file_identities(),
             "load_kwargs": self.load_kwargs,
         }
+        if self.skip_blank_lines:  # only when set, so existing caches keep their key
+            spec["skip_blank_lines"] = True
+        return spec
+
+    def _load(self, cache_dir: str | Path, streaming: bool) -> Any:
+        dataset = super()._load(cache_dir, streaming)
+        if self.skip_blank_lines:
+            dataset = dataset.filter(lambda row: bool(row["text"].strip()))
+        return dataset

@@ -4,7 +4,7 @@
 per train source plus one for the whole stream, and packing counters. ``compute(distributed=True)``
 reduces them across DDP ranks with a single ``all_gather_object``: counters are summed,
 ``epochs_completed`` is the max, and distributions are computed from the union of the ranks'
-windows (DESIGN decision 6). Memory is bounded by (number of sources x window size), whatever the
+windows (never by averaging per-rank percentiles). Memory is bounded by (number of sources x window size), whatever the
 length of the run.
 """
 

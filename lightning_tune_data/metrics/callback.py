@@ -2,7 +2,7 @@
 
 Counting happens in the main process from ``batch["provenance"]`` (computed in the dataloader
 workers), for exactly the batches the training loop hands to the model: Lightning fetches one
-batch ahead, so counting inside the dataloader would be one batch early (DESIGN decision 6).
+batch ahead, so counting inside the dataloader would be one batch early.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""Per-dataset metric collectors (seed 000's ``MetricCollector`` / ``StandardMetricCollector``).
+"""Per-dataset metric collectors: the ``MetricCollector`` protocol and ``StandardMetricCollector``.
 
 A collector consumes *provenance records*, one per document piece the model trained on::
 
     {"source": str, "epoch": int, "tokens": int, "new_document": bool}
 
-and reports ``get_metrics() -> {dataset_name: {"metrics": {metric: number}}}`` (seed 000 format).
+and reports ``get_metrics() -> {dataset_name: {"metrics": {metric: number}}}``.
 Collectors live in the **main process** and are fed by :class:`~.aggregator.DatasetMetricsAggregator`
-from the provenance side channel of each batch (DESIGN decision 6), so they are exact for any
+from the provenance side channel of each batch, so they are exact for any
 ``num_workers``.
 
 Collectors are per rank. To be reduced across DDP ranks correctly a collector implements the
@@ -28,7 +28,7 @@ __all__ = ["MetricCollector", "MergeableMetricCollector", "StandardMetricCollect
 
 @runtime_checkable
 class MetricCollector(Protocol):
-    """What a metric collector implements (seed 000).
+    """What a metric collector implements.
 
     ``state_dict()`` must return plain containers (ints, floats, strings, lists, dicts) or tensors so
     that checkpoints load with ``torch.load(weights_only=True)``, and must be bounded in size

@@ -5,16 +5,14 @@ Lightning's subprocess launcher re-runs this script for rank 1. Each rank writes
 RUN_DIR/rank<r>.json with the input_ids of every batch its model trained on.
 """
 
-import json
 import sys
 from pathlib import Path
 
-import torch
-from lightning.pytorch import Callback, Trainer, seed_everything
-from lightning.pytorch.callbacks import ModelCheckpoint
+sys.path.insert(0, str(Path(__file__).parent))
 
-from lightning_tune_data import LocalDatasetManager, TextDataModule
-from lightning_tune_data.models import TinyCausalLM
+from ddp_common import ddp_trainer, finish, tiny_model, two_source_datamodule, write_rank_json  # noqa: E402
+from lightning.pytorch import Callback, seed_everything  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 
 def documents_of(batch) -> list:
@@ -48,38 +46,18 @@ def main() -> None:
     ckpt_path = sys.argv[6] if len(sys.argv) > 6 else None
     corpus, run_dir = Path(corpus), Path(run_dir)
     seed_everything(0)
-    datamodule = TextDataModule(
-        dataset_managers={
-            "train": {
-                "a": LocalDatasetManager(data_files=str(corpus / "a.jsonl"), weight=0.7),
-                "b": LocalDatasetManager(data_files=str(corpus / "b.jsonl"), weight=0.3),
-            }
-        },
-        max_seq_len=64,
-        batch_size=4,
-        num_workers=int(num_workers),
-        seed=7,
-        packing=None if packing == "none" else packing,
-        cache_dir=str(corpus / "cache"),
-    )
+    datamodule = two_source_datamodule(corpus, int(num_workers), packing)
     recorder = Recorder()
-    trainer = Trainer(
-        accelerator="cpu",
-        strategy="ddp",
-        devices=2,
+    trainer = ddp_trainer(
         max_steps=int(max_steps),
         callbacks=[recorder, ModelCheckpoint(dirpath=run_dir / "ckpt", every_n_train_steps=4, save_top_k=-1)],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         limit_val_batches=0,
         default_root_dir=run_dir,
     )
-    model = TinyCausalLM(vocab_size=datamodule.vocab_size, max_seq_len=64, d_model=16, n_layers=1, n_heads=2)
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-    out = {"batches": recorder.batches, "sources": recorder.sources, "documents": recorder.documents, "global_step": trainer.global_step}
-    (run_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(out))
-    torch.distributed.barrier() if torch.distributed.is_initialized() else None
+    trainer.fit(tiny_model(datamodule), datamodule=datamodule, ckpt_path=ckpt_path)
+    write_rank_json(run_dir, trainer, {"batches": recorder.batches, "sources": recorder.sources,
+                                       "documents": recorder.documents, "global_step": trainer.global_step})
+    finish()
 
 
 if __name__ == "__main__":

@@ -7,16 +7,16 @@ with every batch its model trained on (tensors as lists, plus provenance) and th
 ``get_metrics()``; rank 0's CSVLogger writes RUN_DIR/csv/version_0/metrics.csv.
 """
 
-import json
 import sys
 from pathlib import Path
 
-import torch
-from lightning.pytorch import Callback, Trainer, seed_everything
-from lightning.pytorch.loggers import CSVLogger
+sys.path.insert(0, str(Path(__file__).parent))
 
-from lightning_tune_data import DatasetMetricsCallback, LocalDatasetManager, TextDataModule
-from lightning_tune_data.models import TinyCausalLM
+from ddp_common import ddp_trainer, finish, tiny_model, two_source_datamodule, write_rank_json  # noqa: E402
+from lightning.pytorch import Callback, seed_everything  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+
+from lightning_tune_data import DatasetMetricsCallback  # noqa: E402
 
 RECORDED_KEYS = ("input_ids", "attention_mask", "seq_lens")
 
@@ -35,47 +35,26 @@ def main() -> None:
     corpus, run_dir, max_steps, num_workers, packing, log_every, window = sys.argv[1:8]
     corpus, run_dir = Path(corpus), Path(run_dir)
     seed_everything(0)
-    datamodule = TextDataModule(
-        dataset_managers={
-            "train": {
-                "a": LocalDatasetManager(data_files=str(corpus / "a.jsonl"), weight=0.7),
-                "b": LocalDatasetManager(data_files=str(corpus / "b.jsonl"), weight=0.3),
-            }
-        },
-        max_seq_len=64,
-        batch_size=4,
-        num_workers=int(num_workers),
-        seed=7,
-        packing=None if packing == "none" else packing,
-        cache_dir=str(corpus / "cache"),
-    )
+    datamodule = two_source_datamodule(corpus, int(num_workers), packing)
     recorder = Recorder()
     metrics = DatasetMetricsCallback(log_every_n_steps=int(log_every), seq_len_stat_window_size=int(window))
-    trainer = Trainer(
-        accelerator="cpu",
-        strategy="ddp",
-        devices=2,
+    trainer = ddp_trainer(
         max_steps=int(max_steps),
         callbacks=[recorder, metrics],
         logger=CSVLogger(save_dir=run_dir, name="csv", version=0),
         log_every_n_steps=1000,
         enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         limit_val_batches=0,
         default_root_dir=run_dir,
     )
-    model = TinyCausalLM(vocab_size=datamodule.vocab_size, max_seq_len=64, d_model=16, n_layers=1, n_heads=2)
-    trainer.fit(model, datamodule=datamodule)
-    out = {
+    trainer.fit(tiny_model(datamodule), datamodule=datamodule)
+    write_rank_json(run_dir, trainer, {
         "rank": trainer.global_rank,
         "global_step": trainer.global_step,
         "batches": recorder.batches,
         "get_metrics": {name: entry["metrics"] for name, entry in metrics.get_metrics().items()},
-    }
-    (run_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(out))
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
+    })
+    finish()
 
 
 if __name__ == "__main__":

@@ -17,21 +17,21 @@ Usage:
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import torch  # noqa: E402
 import torchmetrics  # noqa: E402
-from lightning.pytorch import Callback, Trainer, seed_everything  # noqa: E402
+from ddp_common import ddp_trainer, finish, tiny_model, two_source_datamodule, write_rank_json  # noqa: E402
+from lightning.pytorch import Callback, seed_everything  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from reliability_fns import CountingLM, text_of  # noqa: E402
 
 from lightning_tune_data import DatasetMetricsCallback, LocalDatasetManager, TextDataModule  # noqa: E402
 from lightning_tune_data.harness import MetricSpec  # noqa: E402
-from lightning_tune_data.models import TinyCausalLM  # noqa: E402
 
 
 class Recorder(Callback):
@@ -59,11 +59,6 @@ class Sleeper(Callback):
         time.sleep(self.seconds)
 
 
-def common_trainer(**kwargs) -> Trainer:
-    return Trainer(accelerator="cpu", strategy="ddp", devices=2, logger=False, enable_progress_bar=False,
-                   enable_model_summary=False, **kwargs)
-
-
 def uneven(corpus: Path, run_dir: Path, finite: bool) -> None:
     datamodule = TextDataModule(
         dataset_managers={
@@ -79,41 +74,33 @@ def uneven(corpus: Path, run_dir: Path, finite: bool) -> None:
         "val": {"heldout": {"tokens": MetricSpec(torchmetrics.SumMetric(), ["num_tokens"]),
                             "docs": MetricSpec(torchmetrics.SumMetric(), ["num_docs"])}},
     }
-    model = CountingLM(vocab_size=datamodule.vocab_size, max_seq_len=64, d_model=16, n_layers=1, n_heads=2,
-                       reported_metrics=metrics)
+    model = tiny_model(datamodule, cls=CountingLM, reported_metrics=metrics)
     recorder = Recorder()
     if finite:
-        trainer = common_trainer(max_steps=1000, max_epochs=1, limit_val_batches=0, enable_checkpointing=False,
+        trainer = ddp_trainer(max_steps=1000, max_epochs=1, limit_val_batches=0, enable_checkpointing=False,
                                  callbacks=[recorder])
     else:
-        trainer = common_trainer(max_steps=12, val_check_interval=12, check_val_every_n_epoch=None,
+        trainer = ddp_trainer(max_steps=12, val_check_interval=12, check_val_every_n_epoch=None,
                                  num_sanity_val_steps=0, enable_checkpointing=False, callbacks=[recorder])
     trainer.fit(model, datamodule=datamodule)
-    out = {
+    write_rank_json(run_dir, trainer, {
         "global_step": trainer.global_step,
         "batches": recorder.batches,
         "val": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")},
-    }
-    (run_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(out))
+    })
 
 
 def preempt(corpus: Path, run_dir: Path, max_steps: int, sleep_s: float, ckpt_path: str | None) -> None:
-    datamodule = TextDataModule(
-        dataset_managers={"train": {
-            "a": LocalDatasetManager(data_files=str(corpus / "a.jsonl"), weight=0.7),
-            "b": LocalDatasetManager(data_files=str(corpus / "b.jsonl"), weight=0.3),
-        }},
-        max_seq_len=64, batch_size=4, num_workers=2, seed=7, packing="best_fit", cache_dir=str(corpus / "cache"),
-    )
-    model = TinyCausalLM(vocab_size=datamodule.vocab_size, max_seq_len=64, d_model=16, n_layers=1, n_heads=2)
+    datamodule = two_source_datamodule(corpus, num_workers=2, packing="best_fit")
+    model = tiny_model(datamodule)
     run_dir.mkdir(parents=True, exist_ok=True)
     callbacks = [
-        Recorder(run_dir / f"rank{int(__import__('os').environ.get('LOCAL_RANK', 0))}.jsonl"),
+        Recorder(run_dir / f"rank{int(os.environ.get('LOCAL_RANK', 0))}.jsonl"),
         DatasetMetricsCallback(log_every_n_steps=2),
         ModelCheckpoint(dirpath=run_dir / "ckpt", every_n_train_steps=2, save_top_k=-1),
         Sleeper(sleep_s),
     ]
-    trainer = common_trainer(max_steps=max_steps, limit_val_batches=0, callbacks=callbacks)
+    trainer = ddp_trainer(max_steps=max_steps, limit_val_batches=0, callbacks=callbacks)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True if ckpt_path else None)
 
 
@@ -125,8 +112,7 @@ def main() -> None:
     else:
         ckpt = sys.argv[6] if len(sys.argv) > 6 else None
         preempt(corpus, run_dir, int(sys.argv[4]), float(sys.argv[5]), ckpt)
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
+    finish()
 
 
 if __name__ == "__main__":

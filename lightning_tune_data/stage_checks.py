@@ -1,0 +1,44 @@
+"""Checks a stage makes before it runs: that its split has data, and that validation can happen."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch.utilities import rank_zero_warn
+
+
+def check_stage_has_data(dataset_managers: dict[str, dict[str, Any]], stage: str, split: str) -> None:
+    """Raise a clear error when ``stage`` (fit/validate/test/predict) has no manager in ``split``.
+
+    Raises:
+        ValueError: ``TextDataModule.dataset_managers.<split>: `<stage>` needs ...``, naming the
+            splits the config does have.
+    """
+    if any(stage in manager.stages for manager in (dataset_managers.get(split) or {}).values()):
+        return
+    configured = sorted(name for name, managers in dataset_managers.items() if managers)
+    raise ValueError(
+        f"TextDataModule.dataset_managers.{split}: `{stage}` needs at least one {split} manager whose "
+        f"stages include '{stage}', but this config has none (it configures {configured}). Add a "
+        f"manager under dataset_managers.{split}, or run a stage this config has data for."
+    )
+
+
+def warn_if_validation_never_runs(trainer: Any, val_managers: dict[str, Any]) -> None:
+    """Warn when val loaders exist but an infinite train stream never reaches the Trainer's check.
+
+    An infinite stream has no epoch end, so ``val_check_interval`` as a fraction of an epoch (the
+    Trainer's default ``1.0``) never triggers: validation would only run in the sanity check.
+    """
+    if trainer is None or not trainer.limit_val_batches:
+        return
+    if not any("fit" in manager.stages for manager in val_managers.values()):
+        return
+    if isinstance(trainer.val_check_interval, float):
+        rank_zero_warn(
+            f"The val split has loaders {list(val_managers)}, but the train stream is infinite, so an epoch "
+            f"never ends and val_check_interval={trainer.val_check_interval} (a fraction of an epoch) never "
+            "triggers: validation would only run in the sanity check. Set the Trainer's val_check_interval "
+            "to a number of steps (e.g. 100) and check_val_every_n_epoch to None (YAML: "
+            "`val_check_interval: 100`, `check_val_every_n_epoch: null`)."
+        )

@@ -85,9 +85,13 @@ print(json.dumps({"seconds": elapsed, "rss_mb": (proc.memory_info().rss - rss0) 
 
 def probe(path: Path, mode: str, rows: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", _PROBE, str(path), mode, str(rows)], capture_output=True,
-                         text=True, env=env, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    for attempt in range(2):
+        out = subprocess.run([sys.executable, "-c", _PROBE, str(path), mode, str(rows)], capture_output=True,
+                             text=True, env=env)
+        if out.returncode == 0:
+            return json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"[scale] probe {mode} {rows:,} failed (attempt {attempt + 1}):\n{out.stderr[-2000:]}", flush=True)
+    raise RuntimeError(f"probe {mode} at {rows:,} rows failed twice")
 
 
 def scale_rows(data_dir: Path, sizes: list[int], repeats: int) -> list[str]:

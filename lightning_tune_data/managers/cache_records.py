@@ -107,6 +107,9 @@ def rebuild_reason(cache_root: str | os.PathLike[str], inputs: Mapping[str, Any]
     if previous is None:
         return "no earlier build of this source"
     old_inputs = previous.get("inputs") or {}
+    old_files, new_files = _files(old_inputs.get("parts") or {}), _files(inputs.get("parts") or {})
+    if old_files and new_files and not set(old_files) & set(new_files):
+        return "no earlier build of this source"  # another source of the same name (e.g. train and val 'lm')
     size = cache.human_size(cache.tree_size(previous["path"]))
     return (f"{'; '.join(describe_changes(old_inputs, inputs))} since the build in {previous['path'].name} "
             f"({size}, kept; 'lightning-tune-data cache clean' removes stale caches)")

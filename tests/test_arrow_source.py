@@ -223,3 +223,11 @@ def test_state_loads_with_weights_only_torch_load(tmp_path):
     take(stream, 4)
     torch.save(stream.state_dict(), tmp_path / "state.pt")
     assert torch.load(tmp_path / "state.pt", weights_only=True) == stream.state_dict()
+
+
+def test_rows_are_read_right_across_many_chunks():
+    chunked = pa.concat_tables([table(5).slice(0, 5), table(12).slice(5, 7), table(20).slice(12, 8)])
+    assert chunked.column("input_ids").num_chunks == 3
+    stream = ArrowSource(chunked, "src", shuffle=False)
+    assert rows_of(take(stream, 20)) == list(range(20))
+    assert [len(s["input_ids"]) for s in take(ArrowSource(chunked, "src", shuffle=False), 20)] == [1 + i % 7 for i in range(20)]

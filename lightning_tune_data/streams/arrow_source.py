@@ -65,19 +65,21 @@ def _name_key(name: str) -> int:
 class _ListColumn:
     """Zero-copy NumPy access to one ``list<...>`` column of an Arrow table.
 
-    Start-up touches only the chunk lengths; a chunk's offsets and values are turned into NumPy
-    views the first time a row in it is read (the most recent ones are kept).
+    Start-up reads only the chunk lengths (one int64 per chunk is kept); a chunk's offsets and
+    values are turned into NumPy views the first time a row in it is read (the most recent
+    ``_CACHED_CHUNKS`` are kept).
     """
 
     _CACHED_CHUNKS = 1024
 
     def __init__(self, column: pa.ChunkedArray, name: str, source: str) -> None:
-        self._chunks = column.chunks
+        self._column = column  # chunks are wrapped on first use: no Python object per chunk is kept
         self._name = name
         self._source = source
-        lengths = np.fromiter((len(chunk) for chunk in self._chunks), dtype=np.int64, count=len(self._chunks))
-        self._starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        self._single = len(self._chunks) == 1
+        count = column.num_chunks
+        lengths = np.fromiter((len(chunk) for chunk in column.iterchunks()), dtype=np.int64, count=count)
+        self._starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # 8 bytes per chunk
+        self._single = count == 1
         self._views: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -87,7 +89,7 @@ class _ListColumn:
         view = self._views.get(chunk_index)
         if view is not None:
             return view
-        chunk = self._chunks[chunk_index]
+        chunk = self._column.chunk(chunk_index)
         if not (pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type)):
             raise TypeError(
                 f"Source '{self._source}': column '{self._name}' has type {chunk.type}, expected a list of "
@@ -115,7 +117,8 @@ class _ListColumn:
 
     def lengths(self) -> np.ndarray:
         """Every row's length, from the offsets alone (no values are read)."""
-        return np.concatenate([np.diff(self._view(i)[0]) for i in range(len(self._chunks))]) if self._chunks else np.zeros(0, np.int64)
+        count = self._column.num_chunks
+        return np.concatenate([np.diff(self._view(i)[0]) for i in range(count)]) if count else np.zeros(0, np.int64)
 
 
 def _arrow_table(dataset: Any) -> pa.Table:

@@ -394,3 +394,15 @@ def test_interleave_datasets_shares_follow_probabilities():
     big = [itertools.repeat(name) for name in WEIGHTS]
     sources = list(itertools.islice(interleave_datasets(big, list(WEIGHTS.values()), seed=0), 20_000))
     _assert_shares(sources)
+
+
+def test_resume_with_new_weights_follows_them_from_the_resume_on():
+    def build(weights):
+        return InterleavedDataset([_stream("a", 200), _stream("b", 200)], weights, seed=4)
+
+    old = build([0.9, 0.1])
+    list(itertools.islice(old, 1000))
+    new = build([0.1, 0.9])
+    new.load_state_dict(old.state_dict())
+    counts = collections.Counter(s["source"] for s in itertools.islice(new, 200))
+    assert abs(counts["a"] / 200 - 0.1) < 0.03  # no payback of the old 0.9 share

@@ -158,7 +158,7 @@ def test_a_filter_that_drops_every_sample_fails_instead_of_hanging(tmp_path):
     data = write_jsonl(tmp_path / "a.jsonl", [f"doc {i}" for i in range(12)])
     manager = LocalDatasetManager(data_files=str(data), filter_fn="reliability_fns.drop_everything")
     stream = datamodule(tmp_path, manager).build_train_stream()
-    with pytest.raises(RuntimeError, match=r"Source 'src': a full pass .* produced no samples \(filtered: 12"):
+    with pytest.raises(RuntimeError, match=r"Source 'src': a full pass .* produced no usable document \(filtered: 12"):
         next(iter(stream))
 
 
@@ -171,12 +171,14 @@ def test_documents_longer_than_max_seq_len_are_truncated_or_dropped_and_counted(
     iterator = iter(stream)
     documents = [next(iterator) for _ in range(len(texts) - (2 if overlong == "drop" else 0))]
     assert all(len(d["input_ids"]) <= 16 for d in documents)
-    state = stream.state_dict()["src"]
+    state = stream.counters
     if overlong == "drop":
         assert [TOKENIZER.decode(d["input_ids"]) for d in documents] == ["short", "tiny", "ok"]
         assert state["overlong_dropped"] == 2
+        assert sum(d.get("dropped_before", 0) for d in documents) == 2  # carried to the metrics
     else:
         assert state["overlong_truncated"] == 2
+        assert [d.get("truncated_tokens", 0) for d in documents] == [0, 26, 0, 36, 0]
         assert TOKENIZER.decode(documents[1]["input_ids"]) == "x" * 15  # BOS + 15 bytes, EOS cut
     batch = dm.train_collator()([next(iterator) for _ in range(2)])
     assert batch["input_ids"].shape[1] <= 16

@@ -69,7 +69,8 @@ class InterleavedDataset(TuneIterableDataset):
 
     Resuming with another number of ranks or workers (:meth:`merge_shard_states`) sums the old
     shards' accounts and gives each new shard an equal part of them, so what the old run owed a
-    source is paid back by the new shards together.
+    source is paid back by the new shards together. Resuming with other weights or another
+    ``mix_by`` starts the accounts afresh: the new weights apply from the resume on.
 
     Children are sharded by themselves (sources shard by rank and worker); the interleaver only
     chooses. Nesting is allowed: an ``InterleavedDataset`` is a child like any other.
@@ -306,6 +307,20 @@ class InterleavedDataset(TuneIterableDataset):
             }
         }
 
+    def _mix_changed(self, own: dict[str, Any]) -> bool:
+        """Whether the saved state was written with other weights or another ``mix_by``."""
+        saved_weights = own.get(_WEIGHTS, {})
+        return own.get(_MIX_BY, self._mix_by) != self._mix_by or any(
+            abs(saved_weights.get(n, -1.0) - w) > 1e-9 for n, w in zip(self._names, self._weights)
+        )
+
+    def _saved_accounts(self, own: dict[str, Any]) -> list[list[float]]:
+        """The saved accounts, or zeros when the mix changed: new weights apply from the resume on."""
+        consumed = own.get(_CONSUMED, {})
+        if self._mix_changed(own):
+            return [[0.0, 0.0] for _ in self._names]
+        return [[float(consumed.get(n, {}).get(u, 0.0)) for u in _UNITS] for n in self._names]
+
     def _check_children(self, own: dict[str, Any]) -> None:
         missing = [n for n in self._names if n not in own[_CHILDREN]]
         if missing:
@@ -332,8 +347,7 @@ class InterleavedDataset(TuneIterableDataset):
             ds.load_state_dict({name: own[_CHILDREN][name]})
         self._remaining = None
         self._draws = int(own[_DRAWS])
-        consumed = own.get(_CONSUMED, {})
-        self._consumed = [[float(consumed.get(n, {}).get(u, 0.0)) for u in _UNITS] for n in self._names]
+        self._consumed = self._saved_accounts(own)
         exhausted = own.get(_EXHAUSTED, {})
         self._exhausted = [bool(exhausted.get(n, False)) for n in self._names]
         self._finished = bool(own.get(_FINISHED, False))
@@ -352,9 +366,10 @@ class InterleavedDataset(TuneIterableDataset):
         children: dict[str, Any] = {}
         for ds, name in zip(self._datasets, self._names):
             children.update(ds.merge_shard_states([{name: own[_CHILDREN][name]} for own in owns]))
+        accounts = [self._saved_accounts(own) for own in owns]
         consumed = {
-            name: {unit: sum(float(own[_CONSUMED][name][unit]) for own in owns) for unit in _UNITS}
-            for name in self._names
+            name: {unit: sum(account[i][u] for account in accounts) for u, unit in enumerate(_UNITS)}
+            for i, name in enumerate(self._names)
         }
         return {self._dataset_name: {_CONSUMED: consumed, _CHILDREN: children}}
 

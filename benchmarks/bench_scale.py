@@ -204,6 +204,27 @@ def checkpoint_size(worker_state: dict, ranks: int = 1024, workers: int = 4) -> 
     ]
 
 
+def streaming_buffer_state(buffer_sizes: tuple[int, ...] = (100, 1000)) -> list[str]:
+    """JSON size of a streaming source's state per worker: its shuffle buffer keeps tokens (log-normal, mean ~300)."""
+    import datasets
+
+    from lightning_tune_data.streams.hf_streaming import HFStreamingSource
+
+    table = _lognormal_table(20_000, 3)
+    rows = table.column("input_ids").to_pylist()
+    stream = datasets.Dataset.from_dict({"input_ids": rows}).to_iterable_dataset(num_shards=4)
+    lines = ["| shuffle_buffer_size | state per worker (JSON) |", "|---:|---:|"]
+    for size in buffer_sizes:
+        source = HFStreamingSource(stream, "web", seed=1, shuffle_buffer_size=size)
+        iterator = iter(source)
+        for _ in range(2 * size):
+            next(iterator)
+        nbytes = len(json.dumps(source.state_dict()))
+        lines.append(f"| {size} | {nbytes / 2**20:.2f} MB |")
+        print(f"[scale] streaming buffer {size}: {nbytes} bytes", flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="*", default=[2_000_000, 20_000_000, 200_000_000])
@@ -219,6 +240,8 @@ def main() -> None:
     sections += state_lines
     sections += ["", "## Rank 0's checkpoint data state at 1,024 ranks x 4 workers (best_fit, max_seq_len 8192)", ""]
     sections += checkpoint_size(biggest)
+    sections += ["", "## A streaming source's state per worker (its shuffle buffer cannot be re-read, so it keeps tokens)", ""]
+    sections += streaming_buffer_state()
     header = (f"# bench_scale.py results\n\nCommand: `python benchmarks/bench_scale.py --rows {' '.join(map(str, args.rows))}`\n"
               f"Machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, pyarrow {pa.__version__}, numpy {np.__version__}\n")
     text = header + "\n" + "\n".join(sections) + "\n"

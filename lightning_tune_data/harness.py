@@ -153,11 +153,27 @@ class Harness(LightningModule, ABC):
         split = split_loss_by_source(token_loss.detach(), batch, sources=sources)
         if self.trainer.world_size > 1:
             split = split.all_reduce(self.trainer.strategy.reduce)
-        for source, loss in split.means().items():
+        means = split.means()
+        self._forget_stale_source_losses({f"train/{source}/loss" for source in means})
+        for source, loss in means.items():
             if source == stream:  # one train source: train/<name>/loss is already the overall loss
                 continue
             self.log(f"train/{source}/loss", loss.float(), on_step=True, on_epoch=False, batch_size=1,
                      add_dataloader_idx=False)
+
+    def _forget_stale_source_losses(self, logged_now: set[str]) -> None:
+        """Drop the per-source losses of earlier steps that this step does not log.
+
+        Lightning keeps a value logged with ``on_step=True`` and logs it again at later steps until it
+        is logged anew; a source with no label token in this step must not show its old loss.
+        """
+        results = getattr(self.trainer, "_results", None)
+        for item in getattr(results, "values", lambda: [])():
+            meta = getattr(item, "meta", None)
+            name = str(getattr(meta, "name", ""))
+            if getattr(meta, "fx", None) == "training_step" and name.startswith("train/") and name.endswith("/loss") \
+                    and name not in logged_now and name.count("/") == 2 and name.split("/")[1] in self._train_source_names():
+                item.reset()
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         outputs = self.step_outputs(batch)

@@ -164,7 +164,7 @@ def checkpoint(dm, loader_state: dict | None, batches: int) -> dict:
 
 def time_to_first_batch(dm, ckpt: dict) -> float:
     """Seconds from loading the data state to the first batch in the main process."""
-    dm._pending_state = None
+    dm._resume.pending = None
     start = now()
     dm.load_state_dict(ckpt)
     loader = dm.train_dataloader()

@@ -46,9 +46,9 @@ from .managers import DatasetManager, UnconditionalGenerationDatasetManager
 from .stage_checks import check_stage_has_data, warn_if_validation_never_runs
 from .streams.arrow_source import ArrowSource
 from .streams.base import TuneIterableDataset
-from .streams.base import ElasticResumeUnsupported
 from .streams.interleave import MIX_BY, InterleavedDataset
 from .streams.packing import IterablePackedDataset
+from .train_resume import STATE_VERSION, TrainResume
 from .tokenizers import ByteTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -69,20 +69,6 @@ STAGE_TO_SPLIT = {
 }
 #: Which manager ``stages`` make a split load in ``setup(stage)``.
 SPLITS_FOR_STAGE = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
-
-#: Version of :meth:`TextDataModule.state_dict`'s layout. 2: positions and document references only
-#: (resumable with another world size, ``num_workers`` or ``batch_size``).
-STATE_VERSION = 2
-#: Data settings a checkpoint's position depends on; changing one cannot be resumed.
-FIXED_SETTINGS = ("sources", "seed", "max_seq_len", "packing", "stopping_strategy", "train_mode")
-#: Settings that split the stream into shards; changing one takes the elastic path.
-LAYOUT_SETTINGS = ("world_size", "num_workers")
-#: Opt-out named by every resume error.
-RESUME_OPT_OUT = (
-    "To keep the model, optimizer and step but start the train data from the beginning, set "
-    "`resume_data_state: false` under `data:` (TextDataModule(resume_data_state=False))."
-)
-
 
 def default_source_name(manager: Any) -> str:
     """Name of a manager given in list form: the first data file's stem, else the dataset's name."""
@@ -237,9 +223,7 @@ class TextDataModule(LightningDataModule):
         self._datasets: dict[str, dict[str, Any]] = {split: {} for split in SPLITS}
         self._train_loader: ResumableLoader | None = None
         self._batches_consumed = 0
-        self._pending_state: dict[str, Any] | None = None
-        self._pending_elastic = False
-        self._elastic_origin: dict[str, Any] | None = None
+        self._resume = TrainResume()
 
     # -- configuration ----------------------------------------------------------------------
     def _validate_config(self) -> None:
@@ -429,17 +413,9 @@ class TextDataModule(LightningDataModule):
             dataset = self.build_train_stream(rank, world_size)
         loader = build_train_loader(dataset, self.train_collator(), self.train_options, self.seed, rank, world_size,
                                     finite=self.stopping_strategy != "infinite")
-        self._batches_consumed = 0
-        self._elastic_origin = None
-        if self._pending_state is not None:
-            if self._pending_elastic:
-                self._resume_with_new_layout(dataset, self._pending_state)
-            else:
-                own = self._pending_state["ranks"][rank]
-                loader.restore(own["loader"], own["batches_consumed"])
-                self._batches_consumed = own["batches_consumed"]
-            self._pending_state, self._pending_elastic = None, False
-        elif self._train_loader is None and getattr(getattr(self, "trainer", None), "ckpt_path", None):
+        had_state = self._resume.pending is not None
+        self._batches_consumed = self._resume.restore(loader, dataset, rank)
+        if not had_state and self._train_loader is None and getattr(getattr(self, "trainer", None), "ckpt_path", None):
             rank_zero_warn(
                 f"Resuming from {self.trainer.ckpt_path}, which holds no {type(self).__name__} data state (written "
                 "by another datamodule, or before the train loader existed): the train data starts from the "
@@ -510,20 +486,18 @@ class TextDataModule(LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """Every rank's train data position after the last consumed batch (a collective under DDP).
 
-        Positions and document references only (plain Python types); the train loader records its
-        state after every batch it hands out, and the state kept is the one after the last batch
-        the model consumed, so Lightning's one-batch prefetch is accounted for.
+        Positions and document references only (plain Python types); see ``train_resume.py``.
         """
         if self._train_loader is None:
-            return self._pending_state or {}
-        if self._elastic_origin is not None and self._batches_consumed == 0:
-            return self._elastic_origin  # nothing consumed since an elastic resume: the old state still says it all
+            return self._resume.pending or {}
+        if self._resume.origin is not None and self._batches_consumed == 0:
+            return self._resume.origin  # nothing consumed since a resume on a new layout: the old state says it all
         consumed = self._batches_consumed
         if getattr(self, "trainer", None) is None:
             # A manual loop (no Trainer): every batch the loader handed out counts as consumed.
             consumed = self._batches_consumed = self._train_loader.batches_yielded
         own = {"batches_consumed": consumed, "loader": self._train_loader.state_after(consumed)}
-        rank, world_size = current_rank_and_world_size()
+        _, world_size = current_rank_and_world_size()
         ranks = [own]
         if world_size > 1:
             ranks = [None] * world_size
@@ -549,73 +523,4 @@ class TextDataModule(LightningDataModule):
                 "it has already trained on."
             )
             return
-        if state_dict.get("version") != STATE_VERSION:
-            raise ValueError(
-                f"The checkpoint's train data state has version {state_dict.get('version')}, but this version of "
-                f"lightning_tune_data reads version {STATE_VERSION} (positions and document references). It was "
-                f"written by an older release and cannot be converted. {RESUME_OPT_OUT}"
-            )
-        saved, current = state_dict["signature"], self.data_signature()
-        fixed = [key for key in FIXED_SETTINGS if saved.get(key) != current[key]]
-        if fixed:
-            changes = "; ".join(f"{key}: checkpoint {saved.get(key)!r} -> now {current[key]!r}" for key in fixed)
-            raise ValueError(
-                f"Cannot resume the train data: the data config changed ({changes}), so the saved positions mean "
-                f"something else now. Restore those settings to resume. {RESUME_OPT_OUT}"
-            )
-        soft = [key for key in ("weights", "mix_by") if saved.get(key) != current[key]]
-        if soft:
-            changes = "; ".join(f"{key}: {saved.get(key)} -> {current[key]}" for key in soft)
-            rank_zero_warn(
-                f"Train source weights changed ({changes}). Resuming each source where it was; the mix follows the "
-                "new weights from here on, so batches after the resume differ from the original run's."
-            )
-        layout = [key for key in LAYOUT_SETTINGS if saved.get(key) != current[key]]
-        if layout and self.train_mode != "stream":
-            raise ValueError(
-                f"Cannot resume train_mode='map' data with another {' and '.join(layout)} "
-                f"({', '.join(f'{k}: {saved.get(k)} -> {current[k]}' for k in layout)}); resume with the checkpoint's "
-                f"layout. {RESUME_OPT_OUT}"
-            )
-        if layout or saved.get("batch_size") != current["batch_size"]:
-            changes = ", ".join(
-                f"{k}: {saved.get(k)} -> {current[k]}" for k in (*LAYOUT_SETTINGS, "batch_size") if saved.get(k) != current[k]
-            )
-            rank_zero_warn(
-                f"Resuming the train data with a new layout ({changes}): within the pass in progress every document "
-                "is used exactly once across the old and the resumed run, but the batches differ from an "
-                "uninterrupted run's."
-            )
-        self._pending_state = state_dict
-        self._pending_elastic = bool(layout)
-
-    def _resume_with_new_layout(self, dataset: Any, state: dict[str, Any]) -> None:
-        """Merge every old shard's state and let this rank's shards take their share of what is left."""
-        shards = old_shard_states(state)
-        try:
-            dataset.load_shard_states(shards)
-        except ElasticResumeUnsupported as error:
-            raise ValueError(
-                f"Cannot resume the train data with a new number of ranks or workers: {error} {RESUME_OPT_OUT}"
-            ) from None
-        self._elastic_origin = state
-
-
-def old_shard_states(state: dict[str, Any]) -> list[dict[str, Any]]:
-    """The train stream state of every shard (rank x dataloader worker) of a saved data state, in shard order."""
-    shards: list[dict[str, Any]] = []
-    for rank, entry in enumerate(state["ranks"]):
-        loader = entry["loader"]
-        if "dataset" in loader:
-            shards.append(loader["dataset"])
-            continue
-        snapshots = loader["loader"].get("_snapshot", {}).get("_worker_snapshots", {})
-        for worker in range(len(snapshots)):
-            dataset_state = snapshots[f"worker_{worker}"].get("dataset_state")
-            if dataset_state is None:
-                raise ValueError(
-                    f"The checkpoint holds no train data state for worker {worker} of rank {rank}; it cannot be "
-                    f"resumed with another layout. {RESUME_OPT_OUT}"
-                )
-            shards.append(dataset_state)
-    return shards
+        self._resume.accept(state_dict, self.data_signature(), self.train_mode)

@@ -132,7 +132,7 @@ def test_unresumable_change_names_the_opt_out_and_the_opt_out_restarts_the_data(
     fresh = datamodule(seed=8, resume_data_state=False)
     with pytest.warns(UserWarning, match="starts again from the beginning"):
         fresh.load_state_dict(state)
-    assert fresh._pending_state is None
+    assert fresh._resume.pending is None
 
 
 def test_a_checkpoint_of_the_previous_state_version_is_a_clear_error(corpus, tmp_path):

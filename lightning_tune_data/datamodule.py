@@ -120,7 +120,7 @@ class TextDataModule(LightningDataModule):
         max_seq_len: longest sequence (tokens) a batch row may hold.
         batch_size: train batch size (rows; packs when packing).
         eval_batch_size: val/test/predict batch size (default: ``batch_size``).
-        num_workers: dataloader workers per rank (keep it fixed across a resume).
+        num_workers: dataloader workers per rank (may change across a resume: the stream is re-split).
         seed: seeds shuffling and interleaving; same seed + config => same batches, bitwise.
         cache_dir: where preprocessed datasets are cached (default ``default_cache_dir()``).
         packing: ``None`` (pad each sample), ``"greedy"``, ``"best_fit"`` or ``"concat"``.

@@ -133,3 +133,12 @@ def test_resume_with_changed_weights_warns_and_continues(corpus_dir, tmp_path):
     with pytest.warns(UserWarning, match="weights changed"):
         trainer.fit(model, datamodule=datamodule, ckpt_path=checkpoint_at(ckpt_dir, CHECKPOINT_STEP))
     assert trainer.global_step == CHECKPOINT_STEP + 2
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_with_token_weighted_mixing_matches_uninterrupted_run(corpus_dir: Path, tmp_path: Path, num_workers):
+    options = dict(num_workers=num_workers, packing="best_fit", mix_by="tokens")
+    full, ckpt_dir = fit(corpus_dir, tmp_path / "full", FINAL_STEP, **options)
+    resumed, _ = fit(corpus_dir, tmp_path / "resumed", FINAL_STEP, ckpt_path=checkpoint_at(ckpt_dir, CHECKPOINT_STEP),
+                     **options)
+    assert_same_batches(full.batches[CHECKPOINT_STEP:], resumed.batches)

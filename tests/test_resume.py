@@ -142,3 +142,25 @@ def test_resume_with_token_weighted_mixing_matches_uninterrupted_run(corpus_dir:
     resumed, _ = fit(corpus_dir, tmp_path / "resumed", FINAL_STEP, ckpt_path=checkpoint_at(ckpt_dir, CHECKPOINT_STEP),
                      **options)
     assert_same_batches(full.batches[CHECKPOINT_STEP:], resumed.batches)
+
+
+def test_state_dict_in_a_loop_without_a_trainer_resumes_after_the_last_batch_handed_out(corpus_dir: Path):
+    def datamodule():
+        dm = make_datamodule(corpus_dir, corpus_dir / "cache", packing="best_fit")
+        dm.prepare_data()
+        dm.setup("fit")
+        return dm
+
+    reference = iter(datamodule().train_dataloader())
+    expected = [next(reference) for _ in range(7)]
+    first = datamodule()
+    loop = iter(first.train_dataloader())
+    for _ in range(4):
+        next(loop)
+    state = first.state_dict()  # no Trainer: every batch handed out counts as consumed
+    second = datamodule()
+    second.load_state_dict(state)
+    resumed = iter(second.train_dataloader())
+    for want in expected[4:]:
+        got = next(resumed)
+        assert torch.equal(want["input_ids"], got["input_ids"])

@@ -166,6 +166,7 @@ class InterleavedDataset(TuneIterableDataset):
     def _reset_round(self) -> None:
         self._draws = 0
         self._consumed = [[0.0, 0.0] for _ in self._datasets]  # [documents, tokens] per child
+        self._total_tokens = 0.0
         self._exhausted = [False] * len(self._datasets)
         self._finished = False
 
@@ -214,20 +215,21 @@ class InterleavedDataset(TuneIterableDataset):
         rng = np.random.default_rng([self._seed, self._name_key, shard.num_shards, shard.shard_id, block])
         return rng.random((BLOCK_SIZE, len(self._datasets)))
 
-    def _choose(self, active: list[int], jitter_row: np.ndarray) -> int:
+    def _candidates(self, active: list[int]) -> list[tuple[int, float]]:
+        """``(child, 1 / weight)`` of the children a draw may pick (equal shares if only zero weights are left)."""
+        weighted = [(i, 1.0 / self._weights[i]) for i in active if self._weights[i] > 0]
+        return weighted or [(i, 1.0) for i in active]
+
+    def _choose(self, candidates: list[tuple[int, float]], jitter_row: list[float]) -> int:
         unit = 0 if self._mix_by == "documents" else 1
-        weights = [self._weights[i] for i in active]
-        if not any(w > 0 for w in weights):
-            weights = [1.0] * len(active)  # only zero-weight children are left: equal shares
         per_draw = 1.0
         if unit == 1 and self._draws:
-            per_draw = max(1.0, sum(c[1] for c in self._consumed) / self._draws)
+            per_draw = max(1.0, self._total_tokens / self._draws)
         jitter = JITTER_DRAWS * per_draw
-        best, best_score = active[0], math.inf
-        for i, w in zip(active, weights):
-            if w <= 0:
-                continue
-            score = self._consumed[i][unit] / w + jitter * jitter_row[i]
+        consumed = self._consumed
+        best, best_score = candidates[0][0], math.inf
+        for i, inverse_weight in candidates:
+            score = consumed[i][unit] * inverse_weight + jitter * jitter_row[i]
             if score < best_score:
                 best, best_score = i, score
         return best
@@ -241,15 +243,19 @@ class InterleavedDataset(TuneIterableDataset):
         ]
         block_index, block = -1, None
         warned: set[int] = set()
+        self._total_tokens = sum(c[1] for c in self._consumed)
+        exhausted_seen, candidates = None, []
         while True:
-            active = [i for i, done in enumerate(self._exhausted) if not done]
-            if not active:
-                self._finished = True
-                return
+            if exhausted_seen != self._exhausted:
+                active = [i for i, done in enumerate(self._exhausted) if not done]
+                if not active:
+                    self._finished = True
+                    return
+                exhausted_seen, candidates = list(self._exhausted), self._candidates(active)
             b, j = divmod(self._draws, BLOCK_SIZE)
             if b != block_index:
-                block_index, block = b, self._block_uniforms(b)
-            idx = self._choose(active, block[j])
+                block_index, block = b, self._block_uniforms(b).tolist()
+            idx = self._choose(candidates, block[j])
             self._draws += 1
             sample = next(iterators[idx], _END)
             if sample is _END:
@@ -276,8 +282,10 @@ class InterleavedDataset(TuneIterableDataset):
                         "even after a restart; give it data, or use a finite stopping_strategy."
                     )
             account = self._consumed[idx]
+            tokens = len(sample[INPUT_IDS]) if INPUT_IDS in sample else 0
             account[0] += 1
-            account[1] += len(sample[INPUT_IDS]) if INPUT_IDS in sample else 0
+            account[1] += tokens
+            self._total_tokens += tokens
             yield sample
 
     def read_document(self, source: str, row: int, epoch: int) -> dict[str, Any] | None:

@@ -154,6 +154,33 @@ def _required(owner: str, index: int, sample: Mapping[str, Any], key: str, what:
         ) from None
 
 
+def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, list[Any]]:
+    """The per-document provenance of packed rows as one dict of lists, flattened over rows.
+
+    Every key found in any document's provenance dict is carried (``truncated_tokens`` and
+    ``dropped_before`` from the packer, for instance); a document without a key gets ``0``.
+    ``row`` is added: the batch row each document sits in.
+
+    Args:
+        rows: per batch row, the provenance dicts of its documents, in order.
+    """
+    documents = [document for row in rows for document in row]
+    provenance: dict[str, list[Any]] = {
+        SOURCE: [str(d[SOURCE]) for d in documents],
+        EPOCH: [int(d[EPOCH]) for d in documents],
+        TOKENS: [int(d[TOKENS]) for d in documents],
+        ROW: [row for row, documents_in_row in enumerate(rows) for _ in documents_in_row],
+        NEW_DOCUMENT: [bool(d[NEW_DOCUMENT]) for d in documents],
+    }
+    extra: dict[str, None] = {}
+    for document in documents:
+        if len(document) > len(_PACKED_PROVENANCE_KEYS):
+            extra.update(dict.fromkeys(k for k in document if k not in provenance))
+    for key in extra:
+        provenance[key] = [document.get(key, 0) for document in documents]
+    return provenance
+
+
 class PaddedCollator:
     """Pad a list of *document samples* into one batch, one document per row.
 
@@ -394,30 +421,24 @@ class PackedCollator:
         block = torch.empty((len(fills) + 1, batch_size, width), dtype=torch.int64)
         views = block.numpy()
         outputs = list(views[: len(fills)])
-        for output, fill in zip(outputs, fills):
-            output.fill(fill)
+        attention_mask = views[len(fills)]
         seq_lens = np.zeros((batch_size, max_documents), dtype=np.int64)
-        provenance: dict[str, list[Any]] = {
-            SOURCE: [], EPOCH: [], TOKENS: [], ROW: [], NEW_DOCUMENT: []
-        }
-        for row, (arrays, row_seq_lens, row_provenance) in enumerate(validated):
+        for row, (arrays, row_seq_lens, _) in enumerate(validated):
+            # Row by row: each output row is one copy of the pack plus one fill of its padding.
             n = arrays[0].shape[0]
-            for output, array in zip(outputs, arrays):
+            for output, array, fill in zip(outputs, arrays, fills):
                 output[row, :n] = array
+                if n < width:
+                    output[row, n:] = fill
+            attention_mask[row, :n] = 1
+            if n < width:
+                attention_mask[row, n:] = 0
             seq_lens[row, : len(row_seq_lens)] = row_seq_lens
-            for document in row_provenance:
-                provenance[SOURCE].append(str(document[SOURCE]))
-                provenance[EPOCH].append(int(document[EPOCH]))
-                provenance[TOKENS].append(int(document[TOKENS]))
-                provenance[ROW].append(row)
-                provenance[NEW_DOCUMENT].append(bool(document[NEW_DOCUMENT]))
-        columns = np.arange(width, dtype=np.int64)
-        views[len(fills)][:] = columns[None, :] < lengths[:, None]
 
         batch: dict[str, Any] = {key: block[i] for i, key in enumerate(self._ARRAY_KEYS)}
         batch[ATTENTION_MASK] = block[len(fills)]
         batch[SEQ_LENS] = torch.from_numpy(seq_lens)
-        batch[PROVENANCE] = provenance
+        batch[PROVENANCE] = packed_provenance([v[2] for v in validated])
         return batch
 
     def __repr__(self) -> str:

@@ -30,6 +30,14 @@ from common import RESULTS_DIR, log  # noqa: E402
 
 BENCHMARKS = ["throughput", "resume", "memory", "prepare", "packing", "step"]
 
+# --- hot-path and tokenizer benchmarks (bench_hotpath.py, bench_tokenize.py): their module per name,
+# their inputs (token data / text data) prepared like the others'.
+EXTRA_BENCHMARKS = {"hotpath": "bench_hotpath", "tokenize": "bench_tokenize"}
+BENCHMARKS += list(EXTRA_BENCHMARKS)
+TOKEN_DATA_BENCHMARKS = {"throughput", "resume", "memory", "step", "hotpath"}
+TEXT_DATA_BENCHMARKS = {"prepare", "tokenize"}
+# --- end
+
 
 @dataclasses.dataclass
 class Context:
@@ -88,7 +96,7 @@ def quiet() -> None:
 
 def prepare_inputs(ctx: Context, needed: set[str]) -> None:
     ctx.data_dir.mkdir(parents=True, exist_ok=True)
-    if needed & {"throughput", "resume", "memory", "step"}:
+    if needed & TOKEN_DATA_BENCHMARKS:
         t0 = time.perf_counter()
         ctx.token_parquet = ctx.data_dir / f"tokens_{ctx.token_docs}.parquet"
         ctx.token_meta = common.write_token_parquet(ctx.token_parquet, ctx.token_docs)
@@ -96,7 +104,7 @@ def prepare_inputs(ctx: Context, needed: set[str]) -> None:
         common.make_datamodule(ctx.token_parquet, ctx.cache_dir, False, None, 0, 16)
         log(f"token data: {ctx.token_meta['num_docs']:,} docs, {ctx.token_meta['tokens']:,} tokens "
             f"(mean {ctx.token_meta['mean_len']:.1f}) ready in {time.perf_counter() - t0:.1f}s")
-    if "prepare" in needed:
+    if needed & TEXT_DATA_BENCHMARKS:
         ctx.text_jsonl = ctx.data_dir / f"text_{ctx.prepare_docs}.jsonl"
         ctx.text_meta = common.write_text_jsonl(ctx.text_jsonl, ctx.prepare_docs)
 
@@ -164,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
     modules = {"throughput": bench_throughput, "resume": bench_resume, "memory": bench_memory,
                "prepare": bench_prepare, "packing": bench_packing, "step": bench_step}
+    modules.update({name: __import__(module) for name, module in EXTRA_BENCHMARKS.items()})  # hot path, tokenizer
     results: list[common.Result] = []
     for name in BENCHMARKS:
         if name not in selected:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import collections.abc
 from collections.abc import Iterator
 from typing import Any
 
@@ -84,6 +85,15 @@ PACKING_STRATEGIES = ("greedy", "best_fit", "concat")
 OVERLONG_POLICIES = ("truncate", "drop")
 
 _END = object()
+#: Documents read from the source at a time when it hands out blocks (held by reference until packed).
+_BLOCK_DOCUMENTS = 128
+
+
+def _as_pack(pieces: collections.abc.Iterable[Piece]) -> Pack:
+    pack = Pack()
+    for piece in pieces:
+        pack.add(piece)
+    return pack
 
 
 class IterablePackedDataset(TuneIterableDataset):
@@ -127,6 +137,8 @@ class IterablePackedDataset(TuneIterableDataset):
         self._free: list[tuple[int, int]] = []
         self._next_number = 0
         self._ready: collections.deque[Pack] = collections.deque()
+        # Documents read from the source in a block but not packed yet (block reading only).
+        self._pending: collections.deque[Piece] = collections.deque()
         self._child_exhausted = False
         self._finished = False
         self._remaining: dict[str, Any] | None = None  # set by load_global_state, taken on first use
@@ -211,6 +223,36 @@ class IterablePackedDataset(TuneIterableDataset):
         return Piece(ids, None if mask is None else document_labels(ids, mask), source, int(sample.get(EPOCH, 0)),
                      int(row), 0, True, truncated, int(sample.get(DROPPED_BEFORE, 0)))
 
+    def _reads_blocks(self) -> bool:
+        """Whether the child hands out blocks of document references (a plain ``ArrowSource``)."""
+        supported = getattr(self._child, "blocks_supported", None)
+        return supported is not None and bool(supported())
+
+    def _add_document(self, piece: Piece) -> None:
+        """Pack one document of a block (the overlong policy applies as for document samples)."""
+        if piece.length > self._max_seq_len and self._strategy != "concat":
+            if self._overlong == "drop":
+                self._counters["overlong_dropped"] += 1
+                return
+            self._counters["overlong_truncated"] += 1
+            piece = Piece(piece.input_ids[: self._max_seq_len], None, piece.source, piece.epoch, piece.row, 0, True,
+                          piece.truncated_tokens + piece.length - self._max_seq_len, piece.dropped_before)
+        self._add(piece)
+
+    def _read_block(self) -> bool:
+        """Queue the child's next block of documents; ``False`` when the child has ended."""
+        block = self._child.read_block(_BLOCK_DOCUMENTS)
+        if block is None:
+            return False
+        name, epoch = block.source, block.epoch
+        self._counters["documents"] += len(block.rows)
+        self._pending.extend(
+            Piece(ids, None, name, epoch, row, 0, True, truncated, dropped)
+            for ids, row, truncated, dropped in zip(block.input_ids, block.rows, block.truncated_tokens,
+                                                    block.dropped_before)
+        )
+        return True
+
     def _open_pack(self, pack: Pack) -> int:
         number = self._next_number
         self._next_number += 1
@@ -280,10 +322,12 @@ class IterablePackedDataset(TuneIterableDataset):
         if self._finished:  # new round over a finished finite child
             self._finished = False
             self._child_exhausted = False
-        child_it = None if self._child_exhausted else iter(self._child)
+        blocks = self._reads_blocks()
+        child_it = None if self._child_exhausted or blocks else iter(self._child)
+        pending, ready = self._pending, self._ready
         while True:
-            if self._ready:
-                pack = self._ready.popleft()
+            if ready:
+                pack = ready.popleft()
                 self._counters["packs"] += 1
                 self._counters["tokens"] += pack.length
                 yield pack.to_sample()
@@ -291,10 +335,18 @@ class IterablePackedDataset(TuneIterableDataset):
             if self._child_exhausted:
                 self._finished = True
                 return
-            sample = next(child_it, _END)
+            if blocks:
+                # Pack queued documents until a pack is ready; the state then holds the rest by reference.
+                while pending and not ready:
+                    self._add_document(pending.popleft())
+                if ready or self._read_block():
+                    continue
+                sample = _END
+            else:
+                sample = next(child_it, _END)
             if sample is _END:
                 self._child_exhausted = True
-                self._ready.extend(p for p in self._open.values() if p.length)
+                ready.extend(p for p in self._open.values() if p.length)
                 self._set_open([])
                 continue
             piece = self._prepare(sample)
@@ -350,6 +402,7 @@ class IterablePackedDataset(TuneIterableDataset):
         shard = current_shard(getattr(self._child, "rank", 0), getattr(self._child, "world_size", 1))
         self._set_open([])
         self._ready = collections.deque()
+        self._pending.clear()
         if shard.shard_id == 0:
             self._counters = {k: int(v) for k, v in remaining["counters"].items()}
         for pack in self._packs_from_state(take_pieces(remaining["held"], shard.shard_id, shard.num_shards)):
@@ -364,6 +417,7 @@ class IterablePackedDataset(TuneIterableDataset):
                 "counters": dict(self._counters),
                 "num_open": len(self._open),
                 "packs": pieces_to_state([*self._open.values(), *self._ready]),
+                "pending": pieces_to_state([_as_pack(self._pending)]),
                 "child_exhausted": self._child_exhausted,
                 "finished": self._finished,
                 "child": self._child.state_dict(),
@@ -388,6 +442,11 @@ class IterablePackedDataset(TuneIterableDataset):
         packs = self._packs_from_state(own["packs"])
         self._set_open(packs[: own["num_open"]])
         self._ready = collections.deque(packs[own["num_open"] :])
+        pending = own.get("pending")
+        self._pending.clear()
+        self._pending.extend(
+            piece for pack in ([] if pending is None else self._packs_from_state(pending)) for piece in pack.pieces
+        )
         self._child_exhausted = bool(own["child_exhausted"])
         self._finished = bool(own["finished"])
 
@@ -401,7 +460,8 @@ class IterablePackedDataset(TuneIterableDataset):
             counters.update({k: int(v) for k, v in own["counters"].items()})
         return {
             self._dataset_name: {
-                "held": concat_piece_states([own["packs"] for own in owns]),
+                "held": concat_piece_states([own["packs"] for own in owns]
+                                            + [own["pending"] for own in owns if "pending" in own]),
                 "counters": dict(counters),
                 "child": self._child.merge_shard_states([own["child"] for own in owns]),
             }

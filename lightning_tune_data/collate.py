@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from lightning_tune_data.streams.base import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE
+from lightning_tune_data.streams.pack_pieces import PackedSample
 
 #: Label value that the loss ignores (``torch.nn.CrossEntropyLoss``'s default ``ignore_index``).
 IGNORE_INDEX = -100
@@ -172,10 +173,8 @@ def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, 
         ROW: [row for row, documents_in_row in enumerate(rows) for _ in documents_in_row],
         NEW_DOCUMENT: [bool(d[NEW_DOCUMENT]) for d in documents],
     }
-    extra: dict[str, None] = {}
-    for document in documents:
-        if len(document) > len(_PACKED_PROVENANCE_KEYS):
-            extra.update(dict.fromkeys(k for k in document if k not in provenance))
+    extra = [key for key in dict.fromkeys(k for d in documents if len(d) > len(_PACKED_PROVENANCE_KEYS) for k in d)
+             if key not in provenance]
     for key in extra:
         provenance[key] = [document.get(key, 0) for document in documents]
     return provenance
@@ -408,6 +407,8 @@ class PackedCollator:
         owner = type(self).__name__
         if len(samples) == 0:
             raise ValueError(f"{owner}: cannot collate an empty list of samples.")
+        if all(type(sample) is PackedSample and sample.pack is not None for sample in samples):
+            return self._collate_packs([sample.pack for sample in samples])
         validated = [self._validated(index, sample) for index, sample in enumerate(samples)]
         batch_size = len(validated)
         lengths = np.fromiter(
@@ -439,6 +440,66 @@ class PackedCollator:
         batch[ATTENTION_MASK] = block[len(fills)]
         batch[SEQ_LENS] = torch.from_numpy(seq_lens)
         batch[PROVENANCE] = packed_provenance([v[2] for v in validated])
+        return batch
+
+    def _collate_packs(self, packs: list[Any]) -> dict[str, Any]:
+        """The batch of the packer's own packs, built in bulk from their pieces.
+
+        One concatenation gathers every piece's tokens; labels are that stream shifted by one
+        with ``-100`` at every piece's end; ``position_ids``/``document_ids`` come from the piece
+        lengths (cumsum/repeat); each output is written with one scatter into its ``[B, L]``
+        array. Same batch as the per-sample path, bit for bit.
+        """
+        owner = type(self).__name__
+        batch_size = len(packs)
+        pack_lengths = np.fromiter((pack.length for pack in packs), dtype=np.int64, count=batch_size)
+        longest = int(pack_lengths.max())
+        if self.max_seq_len is not None and longest > self.max_seq_len:
+            raise ValueError(
+                f"{owner}: a pack of {longest} tokens is longer than max_seq_len={self.max_seq_len}. Give "
+                "the packer and the collator the same max_seq_len."
+            )
+        width = _padded_length(longest, self.pad_to_multiple_of)
+        pieces = [piece for pack in packs for piece in pack.pieces]
+        counts = np.fromiter((len(pack.pieces) for pack in packs), dtype=np.int64, count=batch_size)
+        lens = np.fromiter((piece.length for piece in pieces), dtype=np.int64, count=len(pieces))
+        tokens = np.concatenate([piece.input_ids for piece in pieces], dtype=np.int64, casting="same_kind")
+        total = tokens.shape[0]
+        piece_ends = np.cumsum(lens)
+        piece_starts = piece_ends - lens
+        labels = np.empty(total, dtype=np.int64)
+        labels[:-1] = tokens[1:]
+        labels[piece_ends - 1] = IGNORE_INDEX
+        for piece, end in zip(pieces, piece_ends.tolist()):
+            if piece.labels is not None:  # a masked document carries its own labels
+                labels[end - piece.length : end] = piece.labels
+        first_piece = np.cumsum(counts) - counts
+        document_in_pack = np.arange(len(pieces), dtype=np.int64) - np.repeat(first_piece, counts)
+        position = np.arange(total, dtype=np.int64)
+        fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
+        values = (tokens, labels, position - np.repeat(piece_starts, lens), np.repeat(document_in_pack, lens))
+        block = torch.empty((len(fills) + 1, batch_size, width), dtype=torch.int64)
+        views = block.numpy()
+        if total == batch_size * width:  # every row full (concat): plain reshapes, no padding
+            for i, array in enumerate(values):
+                views[i] = array.reshape(batch_size, width)
+            views[len(fills)].fill(1)
+        else:
+            row_starts = np.cumsum(pack_lengths) - pack_lengths
+            destination = position + np.repeat(np.arange(batch_size, dtype=np.int64) * width - row_starts, pack_lengths)
+            for i, (array, fill) in enumerate(zip(values, fills)):
+                flat = views[i].reshape(-1)
+                flat.fill(fill)
+                flat[destination] = array
+            mask = views[len(fills)].reshape(-1)
+            mask.fill(0)
+            mask[destination] = 1
+        seq_lens = np.zeros((batch_size, int(counts.max())), dtype=np.int64)
+        seq_lens[np.repeat(np.arange(batch_size), counts), document_in_pack] = lens
+        batch: dict[str, Any] = {key: block[i] for i, key in enumerate(self._ARRAY_KEYS)}
+        batch[ATTENTION_MASK] = block[len(fills)]
+        batch[SEQ_LENS] = torch.from_numpy(seq_lens)
+        batch[PROVENANCE] = packed_provenance([[piece.provenance() for piece in pack.pieces] for pack in packs])
         return batch
 
     def __repr__(self) -> str:

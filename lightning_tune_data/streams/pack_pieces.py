@@ -12,6 +12,7 @@ with a loss mask carries an explicit ``labels`` array.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -133,6 +134,45 @@ class Pack:
             "seq_lens": lens,
             "provenance": [p.provenance() for p in pieces],
         }
+
+
+class PackedSample(Mapping):
+    """A packed sample that builds its arrays on first access.
+
+    It reads like the dict :meth:`Pack.to_sample` returns (``input_ids``, ``labels``,
+    ``position_ids``, ``document_ids``, ``seq_lens``, ``provenance``); ``PackedCollator`` reads its
+    ``pieces`` instead and builds a whole batch with a few vectorised operations.
+    """
+
+    __slots__ = ("pack", "_sample")
+    KEYS = (INPUT_IDS, "labels", "position_ids", "document_ids", "seq_lens", "provenance")
+
+    def __init__(self, pack: Pack | Mapping[str, Any]) -> None:
+        if isinstance(pack, Pack):
+            self.pack: Pack | None = pack
+            self._sample: dict[str, Any] | None = None
+        else:  # rebuilt from its items (``torch.utils.data.default_convert`` does that)
+            self.pack, self._sample = None, dict(pack)
+
+    def _materialised(self) -> dict[str, Any]:
+        if self._sample is None:
+            self._sample = self.pack.to_sample()
+        return self._sample
+
+    def __getitem__(self, key: str) -> Any:
+        return self._materialised()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.KEYS)
+
+    def __len__(self) -> int:
+        return len(self.KEYS)
+
+    def __reduce__(self) -> tuple:  # crosses process boundaries as the plain dict
+        return (dict, (self._materialised(),))
+
+    def __repr__(self) -> str:
+        return f"PackedSample({len(self[INPUT_IDS])} tokens, {len(self['seq_lens'])} documents)"
 
 
 def pieces_to_state(packs: list[Pack]) -> dict[str, Any]:

@@ -72,6 +72,7 @@ from lightning_tune_data.streams.pack_pieces import (
     PACK_PIECES,
     SOURCES,
     Pack,
+    PackedSample,
     Piece,
     concat_piece_states,
     document_labels,
@@ -230,6 +231,7 @@ class IterablePackedDataset(TuneIterableDataset):
 
     def _add_document(self, piece: Piece) -> None:
         """Pack one document of a block (the overlong policy applies as for document samples)."""
+        self._counters["documents"] += 1
         if piece.length > self._max_seq_len and self._strategy != "concat":
             if self._overlong == "drop":
                 self._counters["overlong_dropped"] += 1
@@ -245,7 +247,6 @@ class IterablePackedDataset(TuneIterableDataset):
         if block is None:
             return False
         name, epoch = block.source, block.epoch
-        self._counters["documents"] += len(block.rows)
         self._pending.extend(
             Piece(ids, None, name, epoch, row, 0, True, truncated, dropped)
             for ids, row, truncated, dropped in zip(block.input_ids, block.rows, block.truncated_tokens,
@@ -330,7 +331,7 @@ class IterablePackedDataset(TuneIterableDataset):
                 pack = ready.popleft()
                 self._counters["packs"] += 1
                 self._counters["tokens"] += pack.length
-                yield pack.to_sample()
+                yield PackedSample(pack)
                 continue
             if self._child_exhausted:
                 self._finished = True
@@ -458,6 +459,8 @@ class IterablePackedDataset(TuneIterableDataset):
         counters: dict[str, int] = collections.Counter()
         for own in owns:
             counters.update({k: int(v) for k, v in own["counters"].items()})
+            if "pending" in own:  # documents read in a block, packed by the new shards
+                counters["documents"] += len(own["pending"]["row"])
         return {
             self._dataset_name: {
                 "held": concat_piece_states([own["packs"] for own in owns]

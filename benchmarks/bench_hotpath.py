@@ -1,4 +1,4 @@
-"""Benchmark 7: the hot path against the fastest thing that could feed the same batches.
+"""Benchmark 9: the hot path against the fastest thing that could feed the same batches.
 
 Three comparisons, each with its baseline measured in the same run, alternated repeat by repeat
 (medians of ``--repeats``):
@@ -165,22 +165,22 @@ def run(ctx) -> list[Result]:
     results: list[Result] = []
     _, blocks_tok, blocks_cpu = _rates(runs["blocks"])
     base = f"blocks reader: random [{PACKED_BATCH}, {SEQ + 1}] windows of a flat memmap, 1 proc"
-    results.append(Result("7 hot path", f"blocks reader, bs {PACKED_BATCH}", "tokens/s", median(blocks_tok), "tok/s",
+    results.append(Result("9 hot path", f"blocks reader, bs {PACKED_BATCH}", "tokens/s", median(blocks_tok), "tok/s",
                           repeats=blocks_tok, note=f"{_spread(blocks_tok)}; {median(blocks_cpu):,.0f} tok/CPU-s"))
     for strategy, goal in (("concat", 0.5), ("best_fit", 0.25)):
         _, tok, cpu = _rates(runs[strategy])
         ratio = median(tok) / median(blocks_tok)
-        results.append(Result("7 hot path", f"packed {strategy}, {SEQ}, bs {PACKED_BATCH}, workers 0", "tokens/s",
+        results.append(Result("9 hot path", f"packed {strategy}, {SEQ}, bs {PACKED_BATCH}, workers 0", "tokens/s",
                               median(tok), "tok/s", base, median(blocks_tok), f">= {goal}x blocks", ratio >= goal,
                               repeats=tok, note=f"{_spread(tok)}; per CPU-second {median(cpu) / median(blocks_cpu):.3f}x"))
     _, doc_tok, _ = _rates(runs["documents"])
     doc_rows, _, _ = _rates(runs["documents"])
-    results.append(Result("7 hot path", "bare document stream (ArrowSource alone, no packing)", "tokens/s",
+    results.append(Result("9 hot path", "bare document stream (ArrowSource alone, no packing)", "tokens/s",
                           median(doc_tok), "tok/s", base, median(blocks_tok), repeats=doc_tok,
                           note=f"{median(doc_rows):,.0f} documents/s: the bound of any one-document-at-a-time packer"))
     _, ours_tok, ours_cpu = _rates(runs["unpacked"])
     _, hf_tok, hf_cpu = _rates(runs["datasets"])
-    results.append(Result("7 hot path", "unpacked, bs 16, workers 0", "tokens/s", median(ours_tok), "tok/s",
+    results.append(Result("9 hot path", "unpacked, bs 16, workers 0", "tokens/s", median(ours_tok), "tok/s",
                           "datasets to_iterable_dataset + shuffle + pad collate, bs 16", median(hf_tok), ">= 10x",
                           median(ours_tok) / median(hf_tok) >= 10, repeats=ours_tok,
                           note=f"{_spread(ours_tok)} vs {_spread(hf_tok)}; per CPU-second "
@@ -188,13 +188,13 @@ def run(ctx) -> list[Result]:
     for nw in (1, 2):
         transport, _, _ = _rates(runs[f"transport/{nw}"])
         transport_bps = [r / TRANSPORT_SHAPE[0] for r in transport]
-        results.append(Result("7 hot path", f"transport: ready [16, 512] x4 batches, workers {nw}", "batches/s",
+        results.append(Result("9 hot path", f"transport: ready [16, 512] x4 batches, workers {nw}", "batches/s",
                               median(transport_bps), "batches/s", repeats=transport_bps))
         for path in ("unpacked", "concat"):
             rows, _, _ = _rates(runs[f"{path}/{nw}"])
             bps = [r / TRANSPORT_SHAPE[0] for r in rows]
             ratio = median(bps) / median(transport_bps)
-            results.append(Result("7 hot path", f"{path}, {TRANSPORT_SHAPE[1]}, bs {TRANSPORT_SHAPE[0]}, workers {nw}",
+            results.append(Result("9 hot path", f"{path}, {TRANSPORT_SHAPE[1]}, bs {TRANSPORT_SHAPE[0]}, workers {nw}",
                                   "batches/s", median(bps), "batches/s", f"transport, workers {nw}",
                                   median(transport_bps), ">= 0.8x", ratio >= 0.8, repeats=bps,
                                   note=f"batches/s repeats {min(bps):.0f}-{max(bps):.0f} vs "

@@ -1,4 +1,4 @@
-"""Benchmark 8: ``prepare_data`` with a real BPE tokenizer against a plain ``datasets.map``.
+"""Benchmark 10: ``prepare_data`` with a real BPE tokenizer against a plain ``datasets.map``.
 
 A byte-level BPE ``tokenizer.json`` (vocabulary 8,192) is trained once, offline, with the
 ``tokenizers`` package on the benchmark's generated text (``--prepare-docs`` documents, JSON
@@ -123,7 +123,7 @@ def run(ctx) -> list[Result]:
         ours = [docs / t for t in times[("ours", num_proc)]]
         plain = [docs / t for t in times[("plain", num_proc)]]
         ratio = median(ours) / median(plain)
-        results.append(Result("8 tokenize (BPE)", f"cold prepare_data, {docs:,} docs, BPE {VOCAB}, num_proc {num_proc}",
+        results.append(Result("10 tokenize (BPE)", f"cold prepare_data, {docs:,} docs, BPE {VOCAB}, num_proc {num_proc}",
                               "documents/s", median(ours), "docs/s",
                               f"datasets load_dataset + map(encode_batch) + save_to_disk, num_proc {num_proc}",
                               median(plain), ">= 1x", ratio >= 1.0, repeats=ours,

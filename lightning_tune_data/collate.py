@@ -10,8 +10,13 @@ of the *same document*, or ``-100`` (ignored) where there is no target: at each 
 token, on padding, and where the next token is a masked prompt token.
 
 The provenance side channel is a dict of plain Python lists with one entry per document in the
-batch (``source``, ``epoch``, ``tokens``, ``row``, ``new_document``). It is small, crosses the
-worker boundary cheaply, and feeds the per-source metrics in the main process.
+batch (``source``, ``epoch``, ``tokens``, ``row``, ``new_document``; packed batches also carry
+every other key of the packer's per-document provenance, such as ``truncated_tokens`` and
+``dropped_before``). It is small, crosses the worker boundary cheaply, and feeds the per-source
+metrics in the main process.
+
+``PackedCollator`` builds a batch of the packer's own packs (``PackedSample``) in bulk from their
+document pieces; any other packed samples (plain dicts) are validated and copied row by row.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``IterablePackedDataset``: pack document samples into sequences of at most ``max_seq_len`` tokens.
 
-A *packed sample* is a dict of 1-D ``np.int64`` arrays of one common length ``n <= max_seq_len``
-(not padded: the collator pads) plus two lists:
+A *packed sample* is a read-only mapping (:class:`PackedSample`, built on first access) of 1-D
+``np.int64`` arrays of one common length ``n <= max_seq_len`` (not padded: the collator pads)
+plus two lists:
 
 * ``input_ids``: the documents' tokens, back to back;
 * ``labels``: already shifted per document: ``labels[i]`` is the next token of the same document
@@ -32,6 +33,14 @@ Strategies:
 In ``greedy``/``best_fit`` a document is never split; one longer than ``max_seq_len`` is
 truncated to ``max_seq_len`` (``overlong="truncate"``) or dropped (``"drop"``), and counted.
 Empty documents are dropped and counted.
+
+Hot path: from a plain ``ArrowSource`` (no transforms, filter or loss mask) the packer reads
+blocks of documents as zero-copy views with their row references, packs them by length alone,
+and ``PackedCollator`` builds each batch from the packs' pieces in bulk (one gather of the
+tokens, labels by one shift plus a mask at piece ends, ids by cumsum/repeat). The documents of a
+block not packed yet are held by reference in the state, so the state after every pack still
+describes exactly the position after it. Other children are read one document at a time, with
+the same packs as the result.
 
 Everything is deterministic given the input order. The state holds the open packs and the
 queue of finished packs *by reference*: per piece its source, row, pass, token range and flags,

@@ -178,9 +178,7 @@ def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, 
         ROW: [row for row, documents_in_row in enumerate(rows) for _ in documents_in_row],
         NEW_DOCUMENT: [bool(d[NEW_DOCUMENT]) for d in documents],
     }
-    extra = [key for key in dict.fromkeys(k for d in documents if len(d) > len(_PACKED_PROVENANCE_KEYS) for k in d)
-             if key not in provenance]
-    for key in extra:
+    for key in sorted(set().union(*documents).difference(provenance)):
         provenance[key] = [document.get(key, 0) for document in documents]
     return provenance
 
@@ -447,6 +445,13 @@ class PackedCollator:
         batch[PROVENANCE] = packed_provenance([v[2] for v in validated])
         return batch
 
+    def _arange(self, n: int) -> np.ndarray:
+        """``0..n-1`` from a cached array (no fresh allocation per batch)."""
+        cached = getattr(self, "_positions", None)
+        if cached is None or cached.shape[0] < n:
+            cached = self._positions = np.arange(max(n, 1 << 12), dtype=np.int64)
+        return cached[:n]
+
     def _collate_packs(self, packs: list[Any]) -> dict[str, Any]:
         """The batch of the packer's own packs, built in bulk from their pieces.
 
@@ -468,31 +473,34 @@ class PackedCollator:
         pieces = [piece for pack in packs for piece in pack.pieces]
         counts = np.fromiter((len(pack.pieces) for pack in packs), dtype=np.int64, count=batch_size)
         lens = np.fromiter((piece.length for piece in pieces), dtype=np.int64, count=len(pieces))
-        tokens = np.concatenate([piece.input_ids for piece in pieces], dtype=np.int64, casting="same_kind")
-        total = tokens.shape[0]
+        total = int(lens.sum())
         piece_ends = np.cumsum(lens)
         piece_starts = piece_ends - lens
-        labels = np.empty(total, dtype=np.int64)
+        first_piece = np.cumsum(counts) - counts
+        document_in_pack = np.arange(len(pieces), dtype=np.int64) - np.repeat(first_piece, counts)
+        fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
+        block = torch.empty((len(fills) + 1, batch_size, width), dtype=torch.int64)
+        views = block.numpy()
+        full = total == batch_size * width  # every row full (concat): write straight into the outputs
+        tokens = views[0].reshape(-1) if full else np.empty(total, dtype=np.int64)
+        labels = views[1].reshape(-1) if full else np.empty(total, dtype=np.int64)
+        np.concatenate([piece.input_ids for piece in pieces], out=tokens, casting="same_kind")
         labels[:-1] = tokens[1:]
         labels[piece_ends - 1] = IGNORE_INDEX
         for piece, end in zip(pieces, piece_ends.tolist()):
             if piece.labels is not None:  # a masked document carries its own labels
                 labels[end - piece.length : end] = piece.labels
-        first_piece = np.cumsum(counts) - counts
-        document_in_pack = np.arange(len(pieces), dtype=np.int64) - np.repeat(first_piece, counts)
-        position = np.arange(total, dtype=np.int64)
-        fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
-        values = (tokens, labels, position - np.repeat(piece_starts, lens), np.repeat(document_in_pack, lens))
-        block = torch.empty((len(fills) + 1, batch_size, width), dtype=torch.int64)
-        views = block.numpy()
-        if total == batch_size * width:  # every row full (concat): plain reshapes, no padding
-            for i, array in enumerate(values):
-                views[i] = array.reshape(batch_size, width)
+        positions = views[2].reshape(-1) if full else np.empty(total, dtype=np.int64)
+        np.subtract(self._arange(total), np.repeat(piece_starts, lens), out=positions)
+        documents = views[3].reshape(-1) if full else np.repeat(document_in_pack, lens)
+        if full:
+            documents[:] = np.repeat(document_in_pack, lens)
             views[len(fills)].fill(1)
         else:
             row_starts = np.cumsum(pack_lengths) - pack_lengths
-            destination = position + np.repeat(np.arange(batch_size, dtype=np.int64) * width - row_starts, pack_lengths)
-            for i, (array, fill) in enumerate(zip(values, fills)):
+            destination = self._arange(total) + np.repeat(
+                np.arange(batch_size, dtype=np.int64) * width - row_starts, pack_lengths)
+            for i, (array, fill) in enumerate(zip((tokens, labels, positions, documents), fills)):
                 flat = views[i].reshape(-1)
                 flat.fill(fill)
                 flat[destination] = array

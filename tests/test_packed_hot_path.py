@@ -156,3 +156,23 @@ def test_packed_provenance_carries_every_key_and_defaults_missing_ones_to_zero()
         "source": ["a", "b"], "epoch": [0, 1], "tokens": [3, 1], "row": [0, 1], "new_document": [True, False],
         "dropped_before": [2, 0],
     }
+
+
+def test_block_reading_of_an_all_empty_source_is_an_error_not_a_hang() -> None:
+    empty = pa.table({"input_ids": pa.array([[]] * 6, type=pa.list_(pa.int32()))})
+    source = ArrowSource(empty, "blank")
+    with pytest.raises(RuntimeError, match="Source 'blank'.*no usable document"):
+        source.read_block(4)
+
+
+def test_read_block_yields_the_documents_iteration_yields_and_advances_the_same_state() -> None:
+    table = _table(50, seed=9, empty_every=7)
+    blocks, documents = ArrowSource(table, "s", seed=3, max_seq_len=40), ArrowSource(table, "s", seed=3, max_seq_len=40)
+    it = iter(documents)
+    for _ in range(5):
+        block = blocks.read_block(16)
+        for ids, row, truncated in zip(block.input_ids, block.rows, block.truncated_tokens):
+            document = next(it)
+            assert document["source_row"] == row and document.get("truncated_tokens", 0) == truncated
+            np.testing.assert_array_equal(document["input_ids"], ids)
+            assert np.shares_memory(ids, blocks._input_ids.rows(np.array([row]))[0])  # zero-copy views

@@ -55,6 +55,14 @@ def output_stem(args: argparse.Namespace, quick: bool) -> Path:
 
 BENCHMARKS = ["throughput", "resume", "memory", "prepare", "packing", "step"]
 
+# --- hot-path, tokenizer and worker-memory benchmarks (bench_hotpath.py, bench_tokenize.py, bench_worker_memory.py): their module per name,
+# their inputs (token data / text data) prepared like the others'.
+EXTRA_BENCHMARKS = {"hotpath": "bench_hotpath", "tokenize": "bench_tokenize", "worker_memory": "bench_worker_memory"}
+BENCHMARKS += list(EXTRA_BENCHMARKS)
+TOKEN_DATA_BENCHMARKS = {"throughput", "resume", "memory", "step", "hotpath", "worker_memory"}
+TEXT_DATA_BENCHMARKS = {"prepare", "tokenize"}
+# --- end
+
 
 @dataclasses.dataclass
 class Context:
@@ -113,7 +121,7 @@ def quiet() -> None:
 
 def prepare_inputs(ctx: Context, needed: set[str]) -> None:
     ctx.data_dir.mkdir(parents=True, exist_ok=True)
-    if needed & {"throughput", "resume", "memory", "step"}:
+    if needed & TOKEN_DATA_BENCHMARKS:
         t0 = time.perf_counter()
         ctx.token_parquet = ctx.data_dir / f"tokens_{ctx.token_docs}.parquet"
         ctx.token_meta = common.write_token_parquet(ctx.token_parquet, ctx.token_docs)
@@ -121,7 +129,7 @@ def prepare_inputs(ctx: Context, needed: set[str]) -> None:
         common.make_datamodule(ctx.token_parquet, ctx.cache_dir, False, None, 0, 16)
         log(f"token data: {ctx.token_meta['num_docs']:,} docs, {ctx.token_meta['tokens']:,} tokens "
             f"(mean {ctx.token_meta['mean_len']:.1f}) ready in {time.perf_counter() - t0:.1f}s")
-    if "prepare" in needed:
+    if needed & TEXT_DATA_BENCHMARKS:
         ctx.text_jsonl = ctx.data_dir / f"text_{ctx.prepare_docs}.jsonl"
         ctx.text_meta = common.write_text_jsonl(ctx.text_jsonl, ctx.prepare_docs)
 
@@ -192,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
 
     modules = {"throughput": bench_throughput, "resume": bench_resume, "memory": bench_memory,
                "prepare": bench_prepare, "packing": bench_packing, "step": bench_step}
+    modules.update({name: __import__(module) for name, module in EXTRA_BENCHMARKS.items()})  # hot path, tokenizer
     results: list[common.Result] = []
     for name in BENCHMARKS:
         if name not in selected:

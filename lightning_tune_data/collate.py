@@ -10,9 +10,13 @@ of the *same document*, or ``-100`` (ignored) where there is no target: at each 
 token, on padding, and where the next token is a masked prompt token.
 
 The provenance side channel is a dict of plain Python lists with one entry per document in the
-batch (``source``, ``epoch``, ``tokens``, ``row``, ``new_document``, ``truncated_tokens``,
+batch (``source``, ``epoch``, ``tokens``, ``row``, ``new_document``; packed batches also carry
+every other key of the packer's per-document provenance, such as ``truncated_tokens`` and
 ``dropped_before``). It is small, crosses the worker boundary cheaply, and feeds the per-source
 metrics and per-source losses in the main process.
+
+``PackedCollator`` builds a batch of the packer's own packs (``PackedSample``) in bulk from their
+document pieces; any other packed samples (plain dicts) are validated and copied row by row.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 import torch
 
 from lightning_tune_data.streams.base import DROPPED_BEFORE, EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, TRUNCATED_TOKENS
+from lightning_tune_data.streams.pack_pieces import PackedSample
 
 #: Label value that the loss ignores (``torch.nn.CrossEntropyLoss``'s default ``ignore_index``).
 IGNORE_INDEX = -100
@@ -168,6 +173,29 @@ def _required(owner: str, index: int, sample: Mapping[str, Any], key: str, what:
         raise ValueError(
             f"{owner}: sample {index} has no {key!r} field (keys: {sorted(sample)}); {what}"
         ) from None
+
+
+def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, list[Any]]:
+    """The per-document provenance of packed rows as one dict of lists, flattened over rows.
+
+    Every key found in any document's provenance dict is carried (``truncated_tokens`` and
+    ``dropped_before`` from the packer, for instance); a document without a key gets ``0``.
+    ``row`` is added: the batch row each document sits in.
+
+    Args:
+        rows: per batch row, the provenance dicts of its documents, in order.
+    """
+    documents = [document for row in rows for document in row]
+    provenance: dict[str, list[Any]] = {
+        SOURCE: [str(d[SOURCE]) for d in documents],
+        EPOCH: [int(d[EPOCH]) for d in documents],
+        TOKENS: [int(d[TOKENS]) for d in documents],
+        ROW: [row for row, documents_in_row in enumerate(rows) for _ in documents_in_row],
+        NEW_DOCUMENT: [bool(d[NEW_DOCUMENT]) for d in documents],
+    }
+    for key in sorted(set().union(*documents).difference(provenance)):
+        provenance[key] = [document.get(key, 0) for document in documents]
+    return provenance
 
 
 class PaddedCollator:
@@ -407,6 +435,8 @@ class PackedCollator:
         owner = type(self).__name__
         if len(samples) == 0:
             raise ValueError(f"{owner}: cannot collate an empty list of samples.")
+        if all(type(sample) is PackedSample and sample.pack is not None for sample in samples):
+            return self._collate_packs([sample.pack for sample in samples])
         validated = [self._validated(index, sample) for index, sample in enumerate(samples)]
         batch_size = len(validated)
         lengths = np.fromiter(
@@ -420,32 +450,94 @@ class PackedCollator:
         block = torch.empty((len(fills) + 1, batch_size, width), dtype=torch.int64)
         views = block.numpy()
         outputs = list(views[: len(fills)])
-        for output, fill in zip(outputs, fills):
-            output.fill(fill)
+        attention_mask = views[len(fills)]
         seq_lens = np.zeros((batch_size, max_documents), dtype=np.int64)
-        provenance: dict[str, list[Any]] = {
-            SOURCE: [], EPOCH: [], TOKENS: [], ROW: [], NEW_DOCUMENT: [], TRUNCATED_TOKENS: [], DROPPED_BEFORE: []
-        }
-        for row, (arrays, row_seq_lens, row_provenance) in enumerate(validated):
+        for row, (arrays, row_seq_lens, _) in enumerate(validated):
+            # Row by row: each output row is one copy of the pack plus one fill of its padding.
             n = arrays[0].shape[0]
-            for output, array in zip(outputs, arrays):
+            for output, array, fill in zip(outputs, arrays, fills):
                 output[row, :n] = array
+                if n < width:
+                    output[row, n:] = fill
+            attention_mask[row, :n] = 1
+            if n < width:
+                attention_mask[row, n:] = 0
             seq_lens[row, : len(row_seq_lens)] = row_seq_lens
-            for document in row_provenance:
-                provenance[SOURCE].append(str(document[SOURCE]))
-                provenance[EPOCH].append(int(document[EPOCH]))
-                provenance[TOKENS].append(int(document[TOKENS]))
-                provenance[ROW].append(row)
-                provenance[NEW_DOCUMENT].append(bool(document[NEW_DOCUMENT]))
-                provenance[TRUNCATED_TOKENS].append(_count(owner, row, document, TRUNCATED_TOKENS))
-                provenance[DROPPED_BEFORE].append(_count(owner, row, document, DROPPED_BEFORE))
-        columns = np.arange(width, dtype=np.int64)
-        views[len(fills)][:] = columns[None, :] < lengths[:, None]
 
         batch: dict[str, Any] = {key: block[i] for i, key in enumerate(self._ARRAY_KEYS)}
         batch[ATTENTION_MASK] = block[len(fills)]
         batch[SEQ_LENS] = torch.from_numpy(seq_lens)
-        batch[PROVENANCE] = provenance
+        batch[PROVENANCE] = packed_provenance([v[2] for v in validated])
+        return batch
+
+    def _arange(self, n: int) -> np.ndarray:
+        """``0..n-1`` from a cached array (no fresh allocation per batch)."""
+        cached = getattr(self, "_positions", None)
+        if cached is None or cached.shape[0] < n:
+            cached = self._positions = np.arange(max(n, 1 << 12), dtype=np.int64)
+        return cached[:n]
+
+    def _collate_packs(self, packs: list[Any]) -> dict[str, Any]:
+        """The batch of the packer's own packs, built in bulk from their pieces.
+
+        One concatenation gathers every piece's tokens; labels are that stream shifted by one
+        with ``-100`` at every piece's end; ``position_ids``/``document_ids`` come from the piece
+        lengths (cumsum/repeat); each output is written with one scatter into its ``[B, L]``
+        array. Same batch as the per-sample path, bit for bit.
+        """
+        owner = type(self).__name__
+        batch_size = len(packs)
+        pack_lengths = np.fromiter((pack.length for pack in packs), dtype=np.int64, count=batch_size)
+        longest = int(pack_lengths.max())
+        if self.max_seq_len is not None and longest > self.max_seq_len:
+            raise ValueError(
+                f"{owner}: a pack of {longest} tokens is longer than max_seq_len={self.max_seq_len}. Give "
+                "the packer and the collator the same max_seq_len."
+            )
+        width = _padded_length(longest, self.pad_to_multiple_of)
+        pieces = [piece for pack in packs for piece in pack.pieces]
+        counts = np.fromiter((len(pack.pieces) for pack in packs), dtype=np.int64, count=batch_size)
+        lens = np.fromiter((piece.length for piece in pieces), dtype=np.int64, count=len(pieces))
+        total = int(lens.sum())
+        piece_ends = np.cumsum(lens)
+        piece_starts = piece_ends - lens
+        first_piece = np.cumsum(counts) - counts
+        document_in_pack = np.arange(len(pieces), dtype=np.int64) - np.repeat(first_piece, counts)
+        fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
+        block = torch.empty((len(fills) + 1, batch_size, width), dtype=torch.int64)
+        views = block.numpy()
+        full = total == batch_size * width  # every row full (concat): write straight into the outputs
+        tokens = views[0].reshape(-1) if full else np.empty(total, dtype=np.int64)
+        labels = views[1].reshape(-1) if full else np.empty(total, dtype=np.int64)
+        np.concatenate([piece.input_ids for piece in pieces], out=tokens, casting="same_kind")
+        labels[:-1] = tokens[1:]
+        labels[piece_ends - 1] = IGNORE_INDEX
+        for piece, end in zip(pieces, piece_ends.tolist()):
+            if piece.labels is not None:  # a masked document carries its own labels
+                labels[end - piece.length : end] = piece.labels
+        positions = views[2].reshape(-1) if full else np.empty(total, dtype=np.int64)
+        np.subtract(self._arange(total), np.repeat(piece_starts, lens), out=positions)
+        documents = views[3].reshape(-1) if full else np.repeat(document_in_pack, lens)
+        if full:
+            documents[:] = np.repeat(document_in_pack, lens)
+            views[len(fills)].fill(1)
+        else:
+            row_starts = np.cumsum(pack_lengths) - pack_lengths
+            destination = self._arange(total) + np.repeat(
+                np.arange(batch_size, dtype=np.int64) * width - row_starts, pack_lengths)
+            for i, (array, fill) in enumerate(zip((tokens, labels, positions, documents), fills)):
+                flat = views[i].reshape(-1)
+                flat.fill(fill)
+                flat[destination] = array
+            mask = views[len(fills)].reshape(-1)
+            mask.fill(0)
+            mask[destination] = 1
+        seq_lens = np.zeros((batch_size, int(counts.max())), dtype=np.int64)
+        seq_lens[np.repeat(np.arange(batch_size), counts), document_in_pack] = lens
+        batch: dict[str, Any] = {key: block[i] for i, key in enumerate(self._ARRAY_KEYS)}
+        batch[ATTENTION_MASK] = block[len(fills)]
+        batch[SEQ_LENS] = torch.from_numpy(seq_lens)
+        batch[PROVENANCE] = packed_provenance([[piece.provenance() for piece in pack.pieces] for pack in packs])
         return batch
 
     def __repr__(self) -> str:

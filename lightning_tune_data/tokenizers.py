@@ -276,6 +276,10 @@ class TokenizerFileTokenizer:
         """Token ids of ``text`` without any special tokens."""
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of every text (no special tokens), encoded by the library's parallel batch encoder."""
+        return [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``; special tokens (BOS/EOS/pad...) are dropped."""
         return str(self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=True))

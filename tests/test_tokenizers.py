@@ -120,6 +120,23 @@ def test_tokenizer_file_round_trips_text_including_non_ascii(tokenizer_json: Pat
     assert tokenizer.decode(ids) == text
 
 
+def test_tokenizer_file_encode_batch_matches_encode_per_text(tokenizer_json: Path) -> None:
+    tokenizer = TokenizerFileTokenizer(str(tokenizer_json))
+    assert tokenizer.encode_batch(TEXTS) == [tokenizer.encode(text) for text in TEXTS]
+    assert tokenizer.encode_batch([]) == []
+
+
+def test_tokenize_text_with_a_batch_encoder_equals_the_per_text_path(tokenizer_json: Path) -> None:
+    from lightning_tune_data.preprocess import tokenize_text
+
+    tokenizer = TokenizerFileTokenizer(str(tokenizer_json))
+    batch = tokenize_text({"text": list(TEXTS)}, tokenizer)
+    expected = [[tokenizer.bos_id, *tokenizer.encode(text), tokenizer.eos_id] for text in TEXTS]
+    assert batch == {"input_ids": expected}
+    with pytest.raises(ValueError, match="None"):
+        tokenize_text({"text": ["fine", None]}, tokenizer)
+
+
 def test_tokenizer_file_encode_adds_no_special_tokens_even_with_a_template(
     tokenizer_json: Path, raw_tokenizer: RawTokenizer
 ) -> None:

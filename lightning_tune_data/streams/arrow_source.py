@@ -115,10 +115,44 @@ class _ListColumn:
         offsets, values = self._view(chunk)
         return values[offsets[local] : offsets[local + 1]]
 
+    def rows(self, indices: np.ndarray) -> list[np.ndarray]:
+        """Zero-copy views of several rows (one vectorised chunk lookup for all of them)."""
+        if self._single:
+            offsets, values = self._view(0)
+            begins, ends = offsets[indices].tolist(), offsets[indices + 1].tolist()
+            return [values[b:e] for b, e in zip(begins, ends)]
+        chunks = np.searchsorted(self._starts, indices, side="right") - 1
+        local = (indices - self._starts[chunks]).tolist()
+        out = []
+        for chunk, row in zip(chunks.tolist(), local):
+            offsets, values = self._view(chunk)
+            out.append(values[offsets[row] : offsets[row + 1]])
+        return out
+
     def lengths(self) -> np.ndarray:
         """Every row's length, from the offsets alone (no values are read)."""
         count = self._column.num_chunks
         return np.concatenate([np.diff(self._view(i)[0]) for i in range(count)]) if count else np.zeros(0, np.int64)
+
+
+class DocumentBlock:
+    """Consecutive documents of one source and pass: token views and row references, in order."""
+
+    __slots__ = ("source", "epoch", "input_ids", "rows", "truncated_tokens", "dropped_before")
+
+    def __init__(self, source: str, epoch: int) -> None:
+        self.source = source
+        self.epoch = epoch
+        self.input_ids: list[np.ndarray] = []
+        self.rows: list[int] = []
+        self.truncated_tokens: list[int] = []
+        self.dropped_before: list[int] = []
+
+    def add(self, ids: np.ndarray, row: int, truncated_tokens: int, dropped_before: int) -> None:
+        self.input_ids.append(ids)
+        self.rows.append(row)
+        self.truncated_tokens.append(truncated_tokens)
+        self.dropped_before.append(dropped_before)
 
 
 def _arrow_table(dataset: Any) -> pa.Table:
@@ -200,6 +234,7 @@ class ArrowSource(TuneIterableDataset):
         self._counters = SourceCounters()
         self._first_failure: str | None = None
         self._dropped_since_yield = 0
+        self._block_pass: list[Any] | None = None  # read_block's [pass, documents read, counters at its start]
         self._walk: ShardPasses | None = None
         self._remaining: dict[str, Any] | None = None  # set by load_global_state, split on first use
         # Built lazily in the process that iterates (a dataloader worker, usually).
@@ -365,6 +400,68 @@ class ArrowSource(TuneIterableDataset):
             if sample is None:
                 return None
         return self._apply_length_policy(sample, count=False)
+
+    # -- blocks of document references (the packer's fast path) ------------------------------
+    def blocks_supported(self) -> bool:
+        """Whether :meth:`read_block` may be used: no transforms, no filter, no loss mask column."""
+        self._columns()
+        return not self._transforms and self._filter_fn is None and self._loss_mask is None
+
+    def read_block(self, limit: int = _BLOCK) -> DocumentBlock | None:
+        """The next up to ``limit`` documents of this shard, exactly as iteration would yield them.
+
+        Advances the state past them (the caller holds the block until it has used it), applies
+        the length policy and counts what it skips, like :meth:`__iter__`. ``None``: the last
+        pass (``num_passes``) is over. Only when :meth:`blocks_supported`.
+        """
+        shard = current_shard(self.rank, self.world_size)
+        if self.rows_per_shard(shard) == 0:
+            raise ValueError(
+                f"Source '{self._name}' has {self._num_rows} rows, fewer than its {shard.num_shards} shards; lower "
+                "num_workers or add data."
+            )
+        walk = self._shard_walk()
+        self._columns()
+        while self.num_passes is None or walk.epoch < self.num_passes:
+            plan, epoch = walk.plan, walk.epoch
+            if plan.untouched_fresh and len(plan) > 0:
+                self._block_pass = [epoch, 0, self._counters.snapshot()]
+            if plan.done:
+                judge = self._block_pass
+                if judge is not None and judge[0] == epoch and judge[1] == 0:
+                    raise RuntimeError(
+                        f"Source '{self._name}': a full pass over shard {shard.shard_id} of {shard.num_shards} ({len(plan)} "
+                        f"rows) produced no usable document ({self._counters.since(judge[2])}). Check the data "
+                        "(empty documents are skipped) and the overlong policy."
+                    )
+                walk.next_pass()
+                continue
+            positions = plan.upcoming(limit)
+            for _ in range(len(positions)):
+                plan.advance()
+            rows = self._permutation(epoch)(positions)
+            block = DocumentBlock(self._name, epoch)
+            cap, drop = self.max_seq_len, self.overlong == "drop"
+            for row, ids in zip(rows.tolist(), self._input_ids.rows(rows)):
+                n = len(ids)
+                truncated = 0
+                if n == 0:
+                    self._counters.empty_skipped += 1
+                    continue
+                if cap is not None and n > cap:
+                    if drop:
+                        self._counters.overlong_dropped += 1
+                        self._dropped_since_yield += 1
+                        continue
+                    self._counters.overlong_truncated += 1
+                    truncated, ids = n - cap, ids[:cap]
+                block.add(ids, row, truncated, self._dropped_since_yield)
+                self._dropped_since_yield = 0
+            if block.rows:
+                if self._block_pass is not None and self._block_pass[0] == epoch:
+                    self._block_pass[1] += len(block.rows)
+                return block
+        return None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         shard = current_shard(self.rank, self.world_size)

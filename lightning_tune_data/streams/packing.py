@@ -1,7 +1,8 @@
 """``IterablePackedDataset``: pack document samples into sequences of at most ``max_seq_len`` tokens.
 
-A *packed sample* is a dict of 1-D ``np.int64`` arrays of one common length ``n <= max_seq_len``
-(not padded: the collator pads) plus two lists:
+A *packed sample* is a read-only mapping (:class:`PackedSample`, built on first access) of 1-D
+``np.int64`` arrays of one common length ``n <= max_seq_len`` (not padded: the collator pads)
+plus two lists:
 
 * ``input_ids``: the documents' tokens, back to back;
 * ``labels``: already shifted per document: ``labels[i]`` is the next token of the same document
@@ -33,6 +34,14 @@ In ``greedy``/``best_fit`` a document is never split; one longer than ``max_seq_
 truncated to ``max_seq_len`` (``overlong="truncate"``) or dropped (``"drop"``), and counted.
 Empty documents are dropped and counted.
 
+Hot path: from a plain ``ArrowSource`` (no transforms, filter or loss mask) the packer reads
+blocks of documents as zero-copy views with their row references, packs them by length alone,
+and ``PackedCollator`` builds each batch from the packs' pieces in bulk (one gather of the
+tokens, labels by one shift plus a mask at piece ends, ids by cumsum/repeat). The documents of a
+block not packed yet are held by reference in the state, so the state after every pack still
+describes exactly the position after it. Other children are read one document at a time, with
+the same packs as the result.
+
 Everything is deterministic given the input order. The state holds the open packs and the
 queue of finished packs *by reference*: per piece its source, row, pass, token range and flags,
 never token ids (plain lists, a few bytes per piece whatever ``max_seq_len`` is). Loading it
@@ -47,9 +56,10 @@ When a finite child ends, the open packs are emitted oldest first and the stream
 
 from __future__ import annotations
 
+import bisect
 import collections
+import collections.abc
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -65,159 +75,38 @@ from lightning_tune_data.streams.base import (
     TRUNCATED_TOKENS,
     TuneIterableDataset,
 )
+from lightning_tune_data.streams.pack_pieces import (
+    IGNORE_INDEX,
+    INLINE,
+    PACK_PIECES,
+    SOURCES,
+    Pack,
+    PackedSample,
+    Piece,
+    concat_piece_states,
+    document_labels,
+    pieces_to_state,
+    take_pieces,
+)
 
 __all__ = ["IterablePackedDataset", "PACKING_STRATEGIES", "OVERLONG_POLICIES", "IGNORE_INDEX"]
 
 PACKING_STRATEGIES = ("greedy", "best_fit", "concat")
 OVERLONG_POLICIES = ("truncate", "drop")
-IGNORE_INDEX = -100
 
 _END = object()
 #: Documents in a row that can't be packed (empty, or dropped as overlong) before the packer gives up
 #: instead of reading an infinite stream forever.
 _MAX_UNUSABLE_IN_A_ROW = 100_000
+#: Documents read from the source at a time when it hands out blocks (held by reference until packed).
+_BLOCK_DOCUMENTS = 128
 
 
-@dataclass
-class _Piece:
-    """A document, or the part ``[start, start + len)`` of one, placed in a pack.
-
-    ``row is None`` means the document cannot be re-read from its source: its tokens travel in
-    the state instead (``loss_mask`` is kept for that).
-    """
-
-    input_ids: np.ndarray
-    labels: np.ndarray
-    source: str
-    epoch: int
-    row: int | None
-    start: int = 0
-    new_document: bool = True
-    truncated_tokens: int = 0
-    dropped_before: int = 0
-    loss_mask: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-    def part(self, offset: int, length: int) -> _Piece:
-        """The sub-piece ``[offset, offset + length)`` of this piece, its last label masked."""
-        labels = self.labels[offset : offset + length].copy()
-        labels[-1] = IGNORE_INDEX
-        mask = None if self.loss_mask is None else self.loss_mask[offset : offset + length]
-        first = offset == 0
-        return _Piece(self.input_ids[offset : offset + length], labels, self.source, self.epoch, self.row,
-                      self.start + offset, self.new_document and first, self.truncated_tokens if first else 0,
-                      self.dropped_before if first else 0, mask)
-
-    def provenance(self) -> dict[str, Any]:
-        return {
-            SOURCE: self.source,
-            EPOCH: self.epoch,
-            "tokens": len(self),
-            "new_document": self.new_document,
-            TRUNCATED_TOKENS: self.truncated_tokens,
-            DROPPED_BEFORE: self.dropped_before,
-        }
-
-
-@dataclass
-class _Pack:
-    pieces: list[_Piece] = field(default_factory=list)
-    length: int = 0
-
-    def add(self, piece: _Piece) -> None:
-        self.pieces.append(piece)
-        self.length += len(piece)
-
-    def to_sample(self) -> dict[str, Any]:
-        lens = [len(p) for p in self.pieces]
-        return {
-            INPUT_IDS: np.concatenate([p.input_ids for p in self.pieces]),
-            "labels": np.concatenate([p.labels for p in self.pieces]),
-            "position_ids": np.concatenate([np.arange(n, dtype=np.int64) for n in lens]),
-            "document_ids": np.repeat(np.arange(len(lens), dtype=np.int64), lens),
-            "seq_lens": lens,
-            "provenance": [p.provenance() for p in self.pieces],
-        }
-
-
-# Keys of the by-reference pack state (one list entry per piece, in pack order).
-_SOURCES = "sources"
-_PACK_PIECES = "pack_pieces"
-_PIECE_COLUMNS = ("source", "row", "epoch", "start", "length", "new_document", "truncated_tokens", "dropped_before")
-_INLINE = "inline"
-
-
-def _pieces_to_state(packs: list[_Pack]) -> dict[str, Any]:
-    """Packs as plain lists of piece references (see the module docstring)."""
-    pieces = [piece for pack in packs for piece in pack.pieces]
-    sources = sorted({p.source for p in pieces})
-    index = {name: i for i, name in enumerate(sources)}
-    inline = {}
-    for position, piece in enumerate(pieces):
-        if piece.row is None:
-            inline[str(position)] = {
-                INPUT_IDS: piece.input_ids.tolist(),
-                LOSS_MASK: None if piece.loss_mask is None else piece.loss_mask.tolist(),
-                "labels": piece.labels.tolist(),
-            }
-    return {
-        _SOURCES: sources,
-        _PACK_PIECES: [len(pack.pieces) for pack in packs],
-        "source": [index[p.source] for p in pieces],
-        "row": [-1 if p.row is None else int(p.row) for p in pieces],
-        "epoch": [int(p.epoch) for p in pieces],
-        "start": [int(p.start) for p in pieces],
-        "length": [len(p) for p in pieces],
-        "new_document": [bool(p.new_document) for p in pieces],
-        "truncated_tokens": [int(p.truncated_tokens) for p in pieces],
-        "dropped_before": [int(p.dropped_before) for p in pieces],
-        _INLINE: inline,
-    }
-
-
-def _concat_piece_states(states: list[dict[str, Any]]) -> dict[str, Any]:
-    """The pieces of several states (shards) as one state with one pack per piece, in order."""
-    sources = sorted({name for state in states for name in state[_SOURCES]})
-    index = {name: i for i, name in enumerate(sources)}
-    merged: dict[str, Any] = {_SOURCES: sources, _PACK_PIECES: [], _INLINE: {}, **{c: [] for c in _PIECE_COLUMNS}}
-    for state in states:
-        offset = len(merged["row"])
-        count = len(state["row"])
-        for column in _PIECE_COLUMNS:
-            values = state[column]
-            merged[column].extend(index[state[_SOURCES][v]] for v in values) if column == "source" else merged[column].extend(values)
-        for key, value in state[_INLINE].items():
-            merged[_INLINE][str(offset + int(key))] = value
-        merged[_PACK_PIECES].extend([1] * count)
-    return merged
-
-
-def _take_pieces(state: dict[str, Any], shard_id: int, num_shards: int) -> dict[str, Any]:
-    """Pieces ``shard_id::num_shards`` of a merged piece state (one pack per piece)."""
-    chosen = list(range(len(state["row"])))[shard_id::num_shards]
-    taken: dict[str, Any] = {_SOURCES: state[_SOURCES], _PACK_PIECES: [1] * len(chosen), _INLINE: {}}
-    for column in _PIECE_COLUMNS:
-        taken[column] = [state[column][i] for i in chosen]
-    for new, old in enumerate(chosen):
-        if str(old) in state[_INLINE]:
-            taken[_INLINE][str(new)] = state[_INLINE][str(old)]
-    return taken
-
-
-def document_labels(input_ids: np.ndarray, loss_mask: np.ndarray | None) -> np.ndarray:
-    """Shifted labels of one document: next token where it is a target, ``-100`` elsewhere and at the end.
-
-    Args:
-        input_ids: 1-D token ids of the document.
-        loss_mask: 1-D bools, ``True`` where the token is a training target; ``None`` = all.
-    """
-    labels = np.full(len(input_ids), IGNORE_INDEX, dtype=np.int64)
-    if len(input_ids) > 1:
-        nxt = input_ids[1:]
-        labels[:-1] = nxt if loss_mask is None else np.where(loss_mask[1:], nxt, IGNORE_INDEX)
-    return labels
+def _as_pack(pieces: collections.abc.Iterable[Piece]) -> Pack:
+    pack = Pack()
+    for piece in pieces:
+        pack.add(piece)
+    return pack
 
 
 class IterablePackedDataset(TuneIterableDataset):
@@ -256,8 +145,13 @@ class IterablePackedDataset(TuneIterableDataset):
         self._strategy = strategy
         self._buffer_size = buffer_size
         self._overlong = overlong
-        self._open: list[_Pack] = []
-        self._ready: collections.deque[_Pack] = collections.deque()
+        # Open packs by creation number (oldest first); for best_fit also sorted (free space, number).
+        self._open: dict[int, Pack] = {}
+        self._free: list[tuple[int, int]] = []
+        self._next_number = 0
+        self._ready: collections.deque[Pack] = collections.deque()
+        # Documents read from the source in a block but not packed yet (block reading only).
+        self._pending: collections.deque[Piece] = collections.deque()
         self._child_exhausted = False
         self._finished = False
         self._remaining: dict[str, Any] | None = None  # set by load_global_state, taken on first use
@@ -293,14 +187,17 @@ class IterablePackedDataset(TuneIterableDataset):
         return dict(self._counters)
 
     # -- documents in ----------------------------------------------------------------------
-    def _prepare(self, sample: dict[str, Any]) -> _Piece | None:
+    def _prepare(self, sample: dict[str, Any]) -> Piece | None:
         if INPUT_IDS not in sample:
             raise KeyError(
                 f"Packer '{self._dataset_name}': a sample of '{self._child.dataset_name}' has no "
                 f"'{INPUT_IDS}' (keys: {sorted(sample)}); pack document samples, not packed ones."
             )
-        ids = np.asarray(sample[INPUT_IDS], dtype=np.int64)
-        source = str(sample.get(SOURCE, self._child.dataset_name))
+        ids = sample[INPUT_IDS]
+        if type(ids) is not np.ndarray or ids.dtype.kind not in "iu":  # the cache's views pass as they are
+            ids = np.asarray(ids, dtype=np.int64)
+        source = sample.get(SOURCE)
+        source = self._child.dataset_name if source is None else str(source)
         if ids.ndim != 1:
             raise ValueError(
                 f"Packer '{self._dataset_name}': '{INPUT_IDS}' of a document from '{source}' has "
@@ -314,71 +211,123 @@ class IterablePackedDataset(TuneIterableDataset):
                     f"Packer '{self._dataset_name}': '{LOSS_MASK}' of a document from '{source}' has "
                     f"shape {mask.shape} but '{INPUT_IDS}' has {ids.shape}; give one flag per token."
                 )
-        self._counters["documents"] += 1
+        counters = self._counters
+        counters["documents"] += 1
         truncated = int(sample.get(TRUNCATED_TOKENS, 0))
-        if len(ids) == 0:
-            self._counters["empty_dropped"] += 1
+        n = len(ids)
+        if n == 0:
+            counters["empty_dropped"] += 1
             return None
-        if self._strategy != "concat" and len(ids) > self._max_seq_len:
+        if n > self._max_seq_len and self._strategy != "concat":
             if self._overlong == "drop":
-                self._counters["overlong_dropped"] += 1
+                counters["overlong_dropped"] += 1
                 return None
-            self._counters["overlong_truncated"] += 1
-            truncated += len(ids) - self._max_seq_len
+            counters["overlong_truncated"] += 1
+            truncated += n - self._max_seq_len
             ids = ids[: self._max_seq_len]
             mask = None if mask is None else mask[: self._max_seq_len]
         row = sample.get(SOURCE_ROW)
-        return _Piece(ids.copy(), document_labels(ids, mask), source, int(sample.get(EPOCH, 0)),
-                      None if row is None else int(row), 0, True, truncated, int(sample.get(DROPPED_BEFORE, 0)),
-                      None if row is not None or mask is None else mask.copy())
+        if row is None:  # cannot be re-read: own the tokens (they travel in the state)
+            ids = ids.copy()
+            mask = None if mask is None else mask.copy()
+            return Piece(ids, None if mask is None else document_labels(ids, mask), source, int(sample.get(EPOCH, 0)),
+                         None, 0, True, truncated, int(sample.get(DROPPED_BEFORE, 0)), mask)
+        # A re-readable document stays a zero-copy view; only a masked one needs explicit labels.
+        return Piece(ids, None if mask is None else document_labels(ids, mask), source, int(sample.get(EPOCH, 0)),
+                     int(row), 0, True, truncated, int(sample.get(DROPPED_BEFORE, 0)))
 
-    def _add(self, piece: _Piece) -> None:
+    def _reads_blocks(self) -> bool:
+        """Whether the child hands out blocks of document references (a plain ``ArrowSource``)."""
+        supported = getattr(self._child, "blocks_supported", None)
+        return supported is not None and bool(supported())
+
+    def _add_document(self, piece: Piece) -> None:
+        """Pack one document of a block (the overlong policy applies as for document samples)."""
+        self._counters["documents"] += 1
+        if piece.length > self._max_seq_len and self._strategy != "concat":
+            if self._overlong == "drop":
+                self._counters["overlong_dropped"] += 1
+                return
+            self._counters["overlong_truncated"] += 1
+            piece = Piece(piece.input_ids[: self._max_seq_len], None, piece.source, piece.epoch, piece.row, 0, True,
+                          piece.truncated_tokens + piece.length - self._max_seq_len, piece.dropped_before)
+        self._add(piece)
+
+    def _read_block(self) -> bool:
+        """Queue the child's next block of documents; ``False`` when the child has ended."""
+        block = self._child.read_block(_BLOCK_DOCUMENTS)
+        if block is None:
+            return False
+        name, epoch = block.source, block.epoch
+        self._pending.extend(
+            Piece(ids, None, name, epoch, row, 0, True, truncated, dropped)
+            for ids, row, truncated, dropped in zip(block.input_ids, block.rows, block.truncated_tokens,
+                                                    block.dropped_before)
+        )
+        return True
+
+    def _open_pack(self, pack: Pack) -> int:
+        number = self._next_number
+        self._next_number += 1
+        self._open[number] = pack
+        return number
+
+    def _add(self, piece: Piece) -> None:
         cap = self._max_seq_len
         if self._strategy == "concat":
-            offset, n = 0, len(piece)
-            if not self._open:
-                self._open.append(_Pack())
+            offset, n = 0, piece.length
+            number = next(iter(self._open)) if self._open else self._open_pack(Pack())
             while offset < n:
-                pack = self._open[0]
+                pack = self._open[number]
                 take = min(cap - pack.length, n - offset)
-                pack.add(piece.part(offset, take))
+                pack.add(piece if take == n else piece.part(offset, take))
                 offset += take
                 if pack.length == cap:
-                    self._ready.append(pack)
-                    self._open[0] = _Pack()
-            if self._open[0].length == 0:
-                self._open.clear()
+                    self._ready.append(self._open.pop(number))
+                    number = self._open_pack(Pack())
+            if self._open[number].length == 0:
+                del self._open[number]
             return
         if self._strategy == "greedy":
-            if self._open and self._open[0].length + len(piece) > cap:
-                self._ready.append(self._open.pop())
-            if not self._open:
-                self._open.append(_Pack())
-            self._open[0].add(piece)
-            if self._open[0].length == cap:
-                self._ready.append(self._open.pop())
-            return
-        # best_fit
-        n, best, best_free = len(piece), -1, cap + 1
-        for i, pack in enumerate(self._open):
-            free = cap - pack.length
-            if n <= free < best_free:
-                best, best_free = i, free
-        if best >= 0:
-            pack = self._open[best]
+            if self._open:
+                number = next(iter(self._open))
+                if self._open[number].length + piece.length > cap:
+                    self._ready.append(self._open.pop(number))
+            number = next(iter(self._open)) if self._open else self._open_pack(Pack())
+            pack = self._open[number]
             pack.add(piece)
             if pack.length == cap:
-                self._ready.append(self._open.pop(best))
+                self._ready.append(self._open.pop(number))
             return
-        pack = _Pack()
+        # best_fit: the open pack with the least free space that holds the piece (oldest on ties).
+        n, free = piece.length, self._free
+        i = bisect.bisect_left(free, (n, -1))
+        if i < len(free):
+            space, number = free.pop(i)
+            pack = self._open[number]
+            pack.add(piece)
+            if pack.length == cap:
+                self._ready.append(self._open.pop(number))
+            else:
+                bisect.insort(free, (space - n, number))
+            return
+        pack = Pack()
         pack.add(piece)
         if pack.length == cap:
             self._ready.append(pack)
             return
-        self._open.append(pack)
-        if len(self._open) > self._buffer_size:
-            fullest = max(range(len(self._open)), key=lambda i: (self._open[i].length, -i))
-            self._ready.append(self._open.pop(fullest))
+        bisect.insort(free, (cap - pack.length, self._open_pack(pack)))
+        if len(self._open) > self._buffer_size:  # emit the fullest (oldest on ties)
+            _, number = free.pop(0)
+            self._ready.append(self._open.pop(number))
+
+    def _set_open(self, packs: list[Pack]) -> None:
+        self._open, self._free, self._next_number = {}, [], 0
+        for pack in packs:
+            number = self._open_pack(pack)
+            if self._strategy == "best_fit":
+                self._free.append((self._max_seq_len - pack.length, number))
+        self._free.sort()
 
     # -- packs out -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -388,21 +337,33 @@ class IterablePackedDataset(TuneIterableDataset):
             self._child_exhausted = False
         child_it = None if self._child_exhausted else iter(self._child)
         unusable = 0
+        blocks = self._reads_blocks()
+        child_it = None if self._child_exhausted or blocks else iter(self._child)
+        pending, ready = self._pending, self._ready
+        unusable = 0
         while True:
-            if self._ready:
-                pack = self._ready.popleft()
+            if ready:
+                pack = ready.popleft()
                 self._counters["packs"] += 1
                 self._counters["tokens"] += pack.length
-                yield pack.to_sample()
+                yield PackedSample(pack)
                 continue
             if self._child_exhausted:
                 self._finished = True
                 return
-            sample = next(child_it, _END)
+            if blocks:
+                # Pack queued documents until a pack is ready; the state then holds the rest by reference.
+                while pending and not ready:
+                    self._add_document(pending.popleft())
+                if ready or self._read_block():
+                    continue
+                sample = _END
+            else:
+                sample = next(child_it, _END)
             if sample is _END:
                 self._child_exhausted = True
-                self._ready.extend(p for p in self._open if p.length)
-                self._open.clear()
+                ready.extend(p for p in self._open.values() if p.length)
+                self._set_open([])
                 continue
             piece = self._prepare(sample)
             if piece is not None:
@@ -418,11 +379,11 @@ class IterablePackedDataset(TuneIterableDataset):
                 )
 
     # -- state -----------------------------------------------------------------------------
-    def _piece_from_reference(self, state: dict[str, Any], index: int) -> _Piece:
-        source = state[_SOURCES][state["source"][index]]
+    def _piece_from_reference(self, state: dict[str, Any], index: int) -> Piece:
+        source = state[SOURCES][state["source"][index]]
         row, epoch = int(state["row"][index]), int(state["epoch"][index])
         start, length = int(state["start"][index]), int(state["length"][index])
-        inline = state[_INLINE].get(str(index))
+        inline = state[INLINE].get(str(index))
         if inline is not None:
             ids = np.asarray(inline[INPUT_IDS], dtype=np.int64)
             labels = np.asarray(inline["labels"], dtype=np.int64)
@@ -436,20 +397,22 @@ class IterablePackedDataset(TuneIterableDataset):
                     f"{row} of source '{source}' (pass {epoch}), which the source can no longer provide. The data "
                     "changed since the checkpoint; restore it, or resume with `resume_data_state: false`."
                 )
-            full_ids = np.asarray(document[INPUT_IDS], dtype=np.int64)
+            full_ids = np.asarray(document[INPUT_IDS])
+            if full_ids.dtype.kind not in "iu":
+                full_ids = full_ids.astype(np.int64)
             full_mask = document.get(LOSS_MASK)
-            full_mask = None if full_mask is None else np.asarray(full_mask, dtype=bool)
-            ids = full_ids[start : start + length].copy()
-            labels = document_labels(full_ids, full_mask)[start : start + length]
-            labels[-1] = IGNORE_INDEX
+            ids, labels = full_ids[start : start + length], None
+            if full_mask is not None:
+                labels = document_labels(full_ids, np.asarray(full_mask, dtype=bool))[start : start + length]
+                labels[-1] = IGNORE_INDEX
             mask, reference = None, row
-        return _Piece(ids, labels, source, epoch, reference, start, bool(state["new_document"][index]),
-                      int(state["truncated_tokens"][index]), int(state["dropped_before"][index]), mask)
+        return Piece(ids, labels, source, epoch, reference, start, bool(state["new_document"][index]),
+                     int(state["truncated_tokens"][index]), int(state["dropped_before"][index]), mask)
 
-    def _packs_from_state(self, state: dict[str, Any]) -> list[_Pack]:
+    def _packs_from_state(self, state: dict[str, Any]) -> list[Pack]:
         packs, index = [], 0
-        for count in state[_PACK_PIECES]:
-            pack = _Pack()
+        for count in state[PACK_PIECES]:
+            pack = Pack()
             for _ in range(int(count)):
                 pack.add(self._piece_from_reference(state, index))
                 index += 1
@@ -462,10 +425,12 @@ class IterablePackedDataset(TuneIterableDataset):
             return
         remaining, self._remaining = self._remaining, None
         shard = current_shard(getattr(self._child, "rank", 0), getattr(self._child, "world_size", 1))
-        self._open, self._ready = [], collections.deque()
+        self._set_open([])
+        self._ready = collections.deque()
+        self._pending.clear()
         if shard.shard_id == 0:
             self._counters = {k: int(v) for k, v in remaining["counters"].items()}
-        for pack in self._packs_from_state(_take_pieces(remaining["held"], shard.shard_id, shard.num_shards)):
+        for pack in self._packs_from_state(take_pieces(remaining["held"], shard.shard_id, shard.num_shards)):
             self._add(pack.pieces[0])
 
     def state_dict(self) -> dict[str, Any]:
@@ -476,7 +441,8 @@ class IterablePackedDataset(TuneIterableDataset):
                 "max_seq_len": self._max_seq_len,
                 "counters": dict(self._counters),
                 "num_open": len(self._open),
-                "packs": _pieces_to_state(self._open + list(self._ready)),
+                "packs": pieces_to_state([*self._open.values(), *self._ready]),
+                "pending": pieces_to_state([_as_pack(self._pending)]),
                 "child_exhausted": self._child_exhausted,
                 "finished": self._finished,
                 "child": self._child.state_dict(),
@@ -499,8 +465,13 @@ class IterablePackedDataset(TuneIterableDataset):
         self._remaining = None
         self._counters = {k: int(v) for k, v in own["counters"].items()}
         packs = self._packs_from_state(own["packs"])
-        self._open = packs[: own["num_open"]]
+        self._set_open(packs[: own["num_open"]])
         self._ready = collections.deque(packs[own["num_open"] :])
+        pending = own.get("pending")
+        self._pending.clear()
+        self._pending.extend(
+            piece for pack in ([] if pending is None else self._packs_from_state(pending)) for piece in pack.pieces
+        )
         self._child_exhausted = bool(own["child_exhausted"])
         self._finished = bool(own["finished"])
 
@@ -512,9 +483,12 @@ class IterablePackedDataset(TuneIterableDataset):
         counters: dict[str, int] = collections.Counter()
         for own in owns:
             counters.update({k: int(v) for k, v in own["counters"].items()})
+            if "pending" in own:  # documents read in a block, packed by the new shards
+                counters["documents"] += len(own["pending"]["row"])
         return {
             self._dataset_name: {
-                "held": _concat_piece_states([own["packs"] for own in owns]),
+                "held": concat_piece_states([own["packs"] for own in owns]
+                                            + [own["pending"] for own in owns if "pending" in own]),
                 "counters": dict(counters),
                 "child": self._child.merge_shard_states([own["child"] for own in owns]),
             }

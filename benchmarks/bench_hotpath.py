@@ -1,0 +1,203 @@
+"""Benchmark 9: the hot path against the fastest thing that could feed the same batches.
+
+Three comparisons, each with its baseline measured in the same run, alternated repeat by repeat
+(medians of ``--repeats``):
+
+* **Packed vs pre-concatenated blocks** (in-process, ``max_seq_len`` 2048, batch 8). Baseline:
+  the *blocks reader*: the cache's tokens written once as one flat memory-mapped ``int32`` array
+  (``np.save`` + ``np.load(mmap_mode="r")``), each batch 8 random contiguous windows of 2049
+  tokens gathered with one fancy index into an ``int64`` ``[8, 2049]`` tensor, split into
+  ``inputs = w[:, :-1]`` and shifted ``labels = w[:, 1:]``. That is all a reader of pre-packed
+  blocks does (no documents, no shuffle of documents, no ``position_ids``/``document_ids``, no
+  provenance). Ours: ``TextDataModule.train_dataloader()`` with ``packing`` ``concat`` and
+  ``best_fit`` over one source. Goals: ``concat`` >= 0.5x, ``best_fit`` >= 0.25x (tokens/s).
+  A third row measures the bare document stream (``ArrowSource`` iterated alone, no packing, no
+  collation): every packer that consumes documents one by one is bounded by it.
+* **Unpacked vs ``datasets``** (in-process, batch 16): ours (``PaddedCollator``) against
+  ``Dataset.to_iterable_dataset(num_shards=64).shuffle(buffer_size=1000)`` in a ``DataLoader``
+  with a simple padding collate (``bench_throughput.hf_baseline_loader``). Goal >= 10x tokens/s.
+* **Workers vs the transport** (batch 16, ``max_seq_len`` 512, 1 and 2 workers). Baseline: a
+  ``DataLoader`` whose workers yield a ready batch of four ``[16, 512]`` int64 tensors from a
+  trivial iterable dataset (no data work at all): the cost of moving batches from worker
+  processes to the main process, the ceiling for any loader on this machine. Ours: the unpacked
+  and ``concat`` paths through ``train_dataloader()`` (``StatefulDataLoader``, a state snapshot
+  after every batch). Goal >= 0.8x batches/s.
+
+Throughput is real (non-padding) tokens per second: ``attention_mask.sum()`` for ours and the
+``datasets`` baseline, ``8 x 2048`` per batch for the blocks reader. Each measurement runs for a
+fixed wall-clock budget after 3 warm-up batches (worker start-up excluded).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+import numpy as np
+import torch
+
+from bench_throughput import _drain, hf_baseline_loader
+from common import Result, log, make_datamodule, median, now
+
+SEQ = 2048
+PACKED_BATCH = 8
+TRANSPORT_SHAPE = (16, 512)
+
+
+# ----------------------------------------------------------------------------- blocks baseline
+def flat_tokens(dataset, path: Path) -> np.ndarray:
+    """The cached ``input_ids`` column's tokens, back to back, as a memory-mapped int32 array."""
+    if not path.exists():
+        column = dataset.data.table.column("input_ids")
+        values = np.concatenate([chunk.values.to_numpy() for chunk in column.chunks]).astype(np.int32)
+        tmp = path.with_suffix(".tmp.npy")
+        np.save(tmp, values)
+        tmp.replace(path)
+    return np.load(path, mmap_mode="r")
+
+
+class BlocksReader:
+    """Random contiguous windows of ``SEQ + 1`` tokens of a flat token array -> inputs, labels."""
+
+    def __init__(self, flat: np.ndarray, batch_size: int, seed: int) -> None:
+        self.flat = flat
+        self.batch_size = batch_size
+        self.rng = np.random.default_rng(seed)
+        self.window = np.arange(SEQ + 1, dtype=np.int64)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        starts = self.rng.integers(0, len(self.flat) - SEQ - 1, size=self.batch_size)
+        windows = torch.from_numpy(self.flat[starts[:, None] + self.window].astype(np.int64))
+        return {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}
+
+
+def drain_blocks(flat: np.ndarray, budget_s: float, seed: int) -> tuple[float, int, int, float]:
+    reader = BlocksReader(flat, PACKED_BATCH, seed)
+    for _ in range(3):
+        next(reader)
+    batches = 0
+    cpu, start = time.process_time(), now()
+    while True:
+        batch = next(reader)
+        batches += 1
+        if batches % 32 == 0 and now() - start >= budget_s:
+            break
+    elapsed = now() - start
+    rows = batches * batch["input_ids"].shape[0]
+    return elapsed, rows, rows * SEQ, time.process_time() - cpu
+
+
+def drain_documents(dm, budget_s: float) -> tuple[float, int, int, float]:
+    """The bare document stream of the single source (no packer, no collator, no loader)."""
+    from lightning_tune_data.streams.arrow_source import ArrowSource
+
+    source = ArrowSource(dm._datasets["train"]["web"], "web", seed=0, max_seq_len=None)
+    it = iter(source)
+    docs = tokens = 0
+    cpu, start = time.process_time(), now()
+    while True:
+        for _ in range(256):
+            tokens += len(next(it)["input_ids"])
+        docs += 256
+        if now() - start >= budget_s:
+            break
+    return now() - start, docs, tokens, time.process_time() - cpu
+
+
+# ----------------------------------------------------------------------------- transport baseline
+class ReadyBatches(torch.utils.data.IterableDataset):
+    """Yields the same ready batch forever: four ``[16, 512]`` int64 tensors, no data work."""
+
+    def __iter__(self):
+        rows, width = TRANSPORT_SHAPE
+        while True:
+            yield {
+                "input_ids": torch.ones(rows, width, dtype=torch.int64),
+                "labels": torch.ones(rows, width, dtype=torch.int64),
+                "attention_mask": torch.ones(rows, width, dtype=torch.int64),
+                "position_ids": torch.arange(width, dtype=torch.int64).repeat(rows, 1),
+            }
+
+
+def transport_loader(num_workers: int) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(ReadyBatches(), batch_size=None, num_workers=num_workers, prefetch_factor=2)
+
+
+# ----------------------------------------------------------------------------- driver
+def _rates(runs: list[tuple[float, int, int, float]]) -> tuple[list[float], list[float], list[float]]:
+    """(rows/s, tokens/s, tokens per CPU-second of this process) per repeat."""
+    return ([r / t for t, r, _, _ in runs], [k / t for t, _, k, _ in runs],
+            [k / c if c > 0 else 0.0 for _, _, k, c in runs])
+
+
+def _spread(values: list[float]) -> str:
+    return f"repeats {min(values) / 1e6:.1f}-{max(values) / 1e6:.1f} M"
+
+
+def run(ctx) -> list[Result]:
+    budget, repeats = ctx.throughput_budget_s, ctx.repeats
+    packed = {s: make_datamodule(ctx.token_parquet, ctx.cache_dir, False, s, 0, PACKED_BATCH) for s in ("concat", "best_fit")}
+    unpacked = make_datamodule(ctx.token_parquet, ctx.cache_dir, False, None, 0, 16)
+    flat = flat_tokens(unpacked._datasets["train"]["web"], ctx.data_dir / f"flat_tokens_{ctx.token_docs}.npy")
+    workers = {(path, nw): make_datamodule(ctx.token_parquet, ctx.cache_dir, False, path, nw, TRANSPORT_SHAPE[0],
+                                           max_seq_len=TRANSPORT_SHAPE[1])
+               for path in (None, "concat") for nw in (1, 2)}
+    runs: dict[str, list[tuple[float, int, int, float]]] = {}
+
+    def measure(key: str, fn) -> None:
+        runs.setdefault(key, []).append(fn())
+
+    for rep in range(repeats):
+        log(f"hotpath: repeat {rep + 1}/{repeats}")
+        measure("blocks", lambda: drain_blocks(flat, budget, seed=rep))
+        for strategy, dm in packed.items():
+            measure(strategy, lambda: _drain(dm.train_dataloader, budget))
+        measure("documents", lambda: drain_documents(unpacked, budget))
+        measure("unpacked", lambda: _drain(unpacked.train_dataloader, budget))
+        measure("datasets", lambda: _drain(lambda: hf_baseline_loader(unpacked, False, 16, 0, seed=rep), budget))
+        for nw in (1, 2):
+            measure(f"transport/{nw}", lambda: _drain(lambda: transport_loader(nw), budget))
+            for path in (None, "concat"):
+                measure(f"{path or 'unpacked'}/{nw}", lambda: _drain(workers[(path, nw)].train_dataloader, budget))
+
+    results: list[Result] = []
+    _, blocks_tok, blocks_cpu = _rates(runs["blocks"])
+    base = f"blocks reader: random [{PACKED_BATCH}, {SEQ + 1}] windows of a flat memmap, 1 proc"
+    results.append(Result("9 hot path", f"blocks reader, bs {PACKED_BATCH}", "tokens/s", median(blocks_tok), "tok/s",
+                          repeats=blocks_tok, note=f"{_spread(blocks_tok)}; {median(blocks_cpu):,.0f} tok/CPU-s"))
+    for strategy, goal in (("concat", 0.5), ("best_fit", 0.25)):
+        _, tok, cpu = _rates(runs[strategy])
+        ratio = median(tok) / median(blocks_tok)
+        results.append(Result("9 hot path", f"packed {strategy}, {SEQ}, bs {PACKED_BATCH}, workers 0", "tokens/s",
+                              median(tok), "tok/s", base, median(blocks_tok), f">= {goal}x blocks", ratio >= goal,
+                              repeats=tok, note=f"{_spread(tok)}; per CPU-second {median(cpu) / median(blocks_cpu):.3f}x"))
+    _, doc_tok, _ = _rates(runs["documents"])
+    doc_rows, _, _ = _rates(runs["documents"])
+    results.append(Result("9 hot path", "bare document stream (ArrowSource alone, no packing)", "tokens/s",
+                          median(doc_tok), "tok/s", base, median(blocks_tok), repeats=doc_tok,
+                          note=f"{median(doc_rows):,.0f} documents/s: the bound of any one-document-at-a-time packer"))
+    _, ours_tok, ours_cpu = _rates(runs["unpacked"])
+    _, hf_tok, hf_cpu = _rates(runs["datasets"])
+    results.append(Result("9 hot path", "unpacked, bs 16, workers 0", "tokens/s", median(ours_tok), "tok/s",
+                          "datasets to_iterable_dataset + shuffle + pad collate, bs 16", median(hf_tok), ">= 10x",
+                          median(ours_tok) / median(hf_tok) >= 10, repeats=ours_tok,
+                          note=f"{_spread(ours_tok)} vs {_spread(hf_tok)}; per CPU-second "
+                               f"{median(ours_cpu) / median(hf_cpu):.2f}x"))
+    for nw in (1, 2):
+        transport, _, _ = _rates(runs[f"transport/{nw}"])
+        transport_bps = [r / TRANSPORT_SHAPE[0] for r in transport]
+        results.append(Result("9 hot path", f"transport: ready [16, 512] x4 batches, workers {nw}", "batches/s",
+                              median(transport_bps), "batches/s", repeats=transport_bps))
+        for path in ("unpacked", "concat"):
+            rows, _, _ = _rates(runs[f"{path}/{nw}"])
+            bps = [r / TRANSPORT_SHAPE[0] for r in rows]
+            ratio = median(bps) / median(transport_bps)
+            results.append(Result("9 hot path", f"{path}, {TRANSPORT_SHAPE[1]}, bs {TRANSPORT_SHAPE[0]}, workers {nw}",
+                                  "batches/s", median(bps), "batches/s", f"transport, workers {nw}",
+                                  median(transport_bps), ">= 0.8x", ratio >= 0.8, repeats=bps,
+                                  note=f"batches/s repeats {min(bps):.0f}-{max(bps):.0f} vs "
+                                       f"{min(transport_bps):.0f}-{max(transport_bps):.0f}"))
+    return results
+

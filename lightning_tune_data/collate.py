@@ -178,8 +178,9 @@ def _required(owner: str, index: int, sample: Mapping[str, Any], key: str, what:
 def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, list[Any]]:
     """The per-document provenance of packed rows as one dict of lists, flattened over rows.
 
-    Every key found in any document's provenance dict is carried (``truncated_tokens`` and
-    ``dropped_before`` from the packer, for instance); a document without a key gets ``0``.
+    Every key found in any document's provenance dict is carried, and always ``truncated_tokens``
+    and ``dropped_before`` (the length-policy counts the metrics read); a document without a key
+    gets ``0``.
     ``row`` is added: the batch row each document sits in.
 
     Args:
@@ -193,7 +194,7 @@ def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, 
         ROW: [row for row, documents_in_row in enumerate(rows) for _ in documents_in_row],
         NEW_DOCUMENT: [bool(d[NEW_DOCUMENT]) for d in documents],
     }
-    for key in sorted(set().union(*documents).difference(provenance)):
+    for key in sorted(set().union(*documents, (TRUNCATED_TOKENS, DROPPED_BEFORE)).difference(provenance)):
         provenance[key] = [document.get(key, 0) for document in documents]
     return provenance
 

@@ -154,7 +154,7 @@ def test_packed_provenance_carries_every_key_and_defaults_missing_ones_to_zero()
             [{"source": "b", "epoch": 1, "tokens": 1, "new_document": False}]]
     assert packed_provenance(rows) == {
         "source": ["a", "b"], "epoch": [0, 1], "tokens": [3, 1], "row": [0, 1], "new_document": [True, False],
-        "dropped_before": [2, 0],
+        "dropped_before": [2, 0], "truncated_tokens": [0, 0],
     }
 
 

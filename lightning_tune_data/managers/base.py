@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ def _progress_bars_off() -> Iterator[None]:
             datasets.enable_progress_bars()
 
 
-class SourceManager(InputFileChecks, PreprocessingSteps):
+class SourceManager(InputFileChecks, PreprocessingSteps, ABC):
     """Configuration, fingerprint and cache lifecycle shared by every dataset manager.
 
     Subclasses set the source fields (``full_name``, ``path``, ``name``, ``split``,
@@ -266,8 +267,9 @@ class SourceManager(InputFileChecks, PreprocessingSteps):
         """
         return self._locate_cache(self.fingerprint(tokenizer, cache_dir), cache_dir)
 
+    @abstractmethod
     def _load(self, cache_dir: str | Path, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:
-        raise NotImplementedError
+        """Load the raw source (``streaming``: as a ``datasets.IterableDataset``)."""
 
     # ---------------------------------------------------------------------------- lifecycle
 

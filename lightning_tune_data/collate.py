@@ -296,11 +296,12 @@ class PaddedCollator:
         # shared-memory segment instead of four.
         block = torch.empty((4, batch_size, width), dtype=torch.int64)
         input_ids, labels, attention_mask, position_ids = block.numpy()
+        columns = np.arange(width, dtype=np.int64)
+        real = columns[None, :] < lengths[:, None]  # [B, L]: True on real tokens
+        np.copyto(attention_mask, real)
+        np.multiply(columns[None, :], real, out=position_ids)
         input_ids.fill(self.pad_id)
         labels.fill(IGNORE_INDEX)
-        attention_mask.fill(0)
-        position_ids.fill(0)
-        columns = np.arange(width, dtype=np.int64)
         for row, (ids, mask) in enumerate(zip(ids_list, masks)):
             # Row by row touches only the real tokens (cheaper than whole-[B, L] mask arithmetic).
             n = ids.shape[0]
@@ -309,8 +310,6 @@ class PaddedCollator:
             targets[:] = ids[1:]
             if mask is not None:
                 targets[~mask[1:]] = IGNORE_INDEX
-            attention_mask[row, :n] = 1
-            position_ids[row, :n] = columns[:n]
 
         return {
             INPUT_IDS: block[0],

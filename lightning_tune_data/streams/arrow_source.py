@@ -481,9 +481,14 @@ class ArrowSource(TuneIterableDataset):
             yielded = 0
             permutation = self._permutation(epoch)
             while not plan.done:
-                for row in permutation(plan.upcoming(_BLOCK)).tolist():
+                rows = permutation(plan.upcoming(_BLOCK))
+                ids_block = self._input_ids.rows(rows)
+                mask_block = None if self._loss_mask is None else self._loss_mask.rows(rows)
+                for position, row in enumerate(rows.tolist()):
                     plan.advance()
-                    sample = self._document(row, epoch)
+                    sample = {INPUT_IDS: ids_block[position], SOURCE: self._name, EPOCH: epoch, SOURCE_ROW: row}
+                    if mask_block is not None:
+                        sample[LOSS_MASK] = mask_block[position].astype(bool, copy=False)
                     if not plain:
                         sample = self._transformed(sample, row)
                         if sample is None:

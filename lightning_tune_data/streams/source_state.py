@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ..distributed import ShardInfo
@@ -26,7 +26,13 @@ class SourceCounters:
     empty_skipped: int = 0
 
     def state_dict(self) -> dict[str, int]:
-        return {key: int(value) for key, value in asdict(self).items()}
+        return {
+            "errors": int(self.errors),
+            "filtered": int(self.filtered),
+            "overlong_truncated": int(self.overlong_truncated),
+            "overlong_dropped": int(self.overlong_dropped),
+            "empty_skipped": int(self.empty_skipped),
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> SourceCounters:

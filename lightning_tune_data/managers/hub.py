@@ -148,17 +148,6 @@ class DatasetManager(SourceManager):
             stream_retries=stream_retries,
         )
 
-    def _source_label(self) -> str:
-        if self.full_name is not None:
-            return f"full_name={self.full_name!r}"
-        label = f"path={self.path!r}"
-        if self.name is not None:
-            label += f", name={self.name!r}"
-        label += f", split={self.split!r}"
-        if self.data_files is not None:
-            label += f", data_files={self.data_files!r}"
-        return label
-
 
     def _cache_stem(self) -> str:
         return _safe_name("-".join(str(p) for p in (self.path, self.name, self.split) if p))
@@ -214,8 +203,7 @@ class DatasetManager(SourceManager):
                 **kwargs,
             )
         except Exception as error:  # noqa: BLE001 - re-raised with the source named
-            problems = self._data_file_problems()
-            found = f" Problems found in the data files: {'; '.join(problems)}." if problems else ""
+            found = self._data_file_problems_note()
             raise DataSourceError(
                 f"{self.source_description}: datasets.load_dataset failed: "
                 f"{type(error).__name__}: {error}{_causes(error)}.{found} Check path/name/split/"

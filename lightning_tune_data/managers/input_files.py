@@ -70,6 +70,11 @@ class InputFileChecks:
             flat.extend([entry] if isinstance(entry, (str, os.PathLike)) else list(entry))
         return [os.fspath(f) for f in flat if os.path.isfile(os.fspath(f))]
 
+    def _data_file_problems_note(self) -> str:
+        """`` Problems found in the data files: ...`` for an error message, or ``""`` when none are found."""
+        problems = self._data_file_problems()
+        return f" Problems found in the data files: {'; '.join(problems)}." if problems else ""
+
     def _data_file_problems(self, limit: int = 5) -> list[str]:
         """Name what is wrong with the local data files: empty, not UTF-8, malformed JSON lines,
         columns that differ between files. Only run when loading or checking failed (it reads
@@ -129,8 +134,7 @@ class InputFileChecks:
                     chunk.validate(full=True)
                 except pa.ArrowInvalid as error:
                     row = offset + _first_invalid_row(chunk)
-                    problems = self._data_file_problems()
-                    found = f" Problems found in the data files: {'; '.join(problems)}." if problems else ""
+                    found = self._data_file_problems_note()
                     raise PreprocessError(
                         f"{self.source_description}: row {row}, column '{name}' holds data that is "
                         f"not valid ({error}), e.g. text that is not UTF-8.{found} Fix the data "

@@ -40,7 +40,7 @@ from .base import (
     TRUNCATED_TOKENS,
     TuneIterableDataset,
 )
-from .pass_order import ShardPasses, merge_remaining, split_remaining
+from .pass_order import PassPlan, ShardPasses, merge_remaining, split_remaining
 from .permutation import KeyedPermutation, permutation_key
 from .source_state import SourceCounters, shard_mismatch_error
 
@@ -48,8 +48,10 @@ log = logging.getLogger(__name__)
 
 OVERLONG_POLICIES = ("truncate", "drop")
 
-#: Positions mapped to rows per vectorised permutation call.
+#: Documents read per step of iteration.
 _BLOCK = 512
+#: Positions mapped to rows per vectorised permutation call (kept until visited).
+_ROWS_AHEAD = 4096
 
 # State keys.
 _WALK = "walk"
@@ -241,6 +243,7 @@ class ArrowSource(TuneIterableDataset):
         self._input_ids: _ListColumn | None = None
         self._loss_mask: _ListColumn | None = None
         self._permutations: dict[int, KeyedPermutation] = {}
+        self._rows_ahead: tuple[PassPlan, int, np.ndarray] | None = None  # (plan, its taken count, rows)
 
     # -- contract -------------------------------------------------------------------------
     @property
@@ -264,6 +267,7 @@ class ArrowSource(TuneIterableDataset):
         state = self.__dict__.copy()
         state["_input_ids"] = state["_loss_mask"] = None
         state["_permutations"] = {}
+        state["_rows_ahead"] = None
         return state
 
     def _shard_walk(self) -> ShardPasses:
@@ -339,6 +343,18 @@ class ArrowSource(TuneIterableDataset):
             permutation = KeyedPermutation(self._num_rows, key, shuffle=self.shuffle)
             self._permutations = {epoch: permutation}
         return permutation
+
+    def _upcoming_rows(self, plan: PassPlan, limit: int) -> np.ndarray:
+        """Rows of the plan's next up to ``limit`` positions, without advancing.
+
+        The permutation is evaluated for ``_ROWS_AHEAD`` positions at a time and kept until they
+        are visited: one vectorised call per few thousand documents instead of one per block.
+        """
+        cached, taken = self._rows_ahead, plan.taken
+        if cached is None or cached[0] is not plan or not cached[1] <= taken < cached[1] + len(cached[2]):
+            cached = self._rows_ahead = (plan, taken, self._permutation(plan.epoch)(plan.upcoming(_ROWS_AHEAD)))
+        offset = taken - cached[1]
+        return cached[2][offset : offset + limit]
 
     def _document(self, row: int, epoch: int) -> dict[str, Any]:
         sample: dict[str, Any] = {INPUT_IDS: self._input_ids.row(row), SOURCE: self._name, EPOCH: epoch, SOURCE_ROW: row}
@@ -436,10 +452,8 @@ class ArrowSource(TuneIterableDataset):
                     )
                 walk.next_pass()
                 continue
-            positions = plan.upcoming(limit)
-            for _ in range(len(positions)):
-                plan.advance()
-            rows = self._permutation(epoch)(positions)
+            rows = self._upcoming_rows(plan, limit)
+            plan.advance(len(rows))
             block = DocumentBlock(self._name, epoch)
             cap, drop = self.max_seq_len, self.overlong == "drop"
             for row, ids in zip(rows.tolist(), self._input_ids.rows(rows)):
@@ -479,9 +493,8 @@ class ArrowSource(TuneIterableDataset):
             judged = plan.untouched_fresh and len(plan) > 0
             before = self._counters.snapshot()
             yielded = 0
-            permutation = self._permutation(epoch)
             while not plan.done:
-                rows = permutation(plan.upcoming(_BLOCK))
+                rows = self._upcoming_rows(plan, _BLOCK)
                 ids_block = self._input_ids.rows(rows)
                 mask_block = None if self._loss_mask is None else self._loss_mask.rows(rows)
                 for position, row in enumerate(rows.tolist()):

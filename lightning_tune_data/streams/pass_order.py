@@ -92,12 +92,11 @@ class PassPlan:
         start = self.base + self.offset + self.stride * self.tail_taken
         return start + self.stride * np.arange(max(count, 0), dtype=np.int64)
 
-    def advance(self) -> None:
-        """Mark one more position visited."""
-        if self.holes_taken < len(self.holes):
-            self.holes_taken += 1
-        else:
-            self.tail_taken += 1
+    def advance(self, count: int = 1) -> None:
+        """Mark the next ``count`` positions visited (holes first, then the tail)."""
+        from_holes = min(count, len(self.holes) - self.holes_taken)
+        self.holes_taken += from_holes
+        self.tail_taken += count - from_holes
 
     def remaining_holes(self) -> list[int]:
         return self.holes[self.holes_taken :]

@@ -28,7 +28,16 @@ import numpy as np
 import torch
 
 from lightning_tune_data.streams.base import DROPPED_BEFORE, EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, TRUNCATED_TOKENS
-from lightning_tune_data.streams.pack_pieces import PackedSample
+from lightning_tune_data.streams.pack_pieces import (
+    DROPPED_AT,
+    EPOCH_AT,
+    LENGTH_AT,
+    NEW_DOCUMENT_AT,
+    SOURCE_AT,
+    TRUNCATED_AT,
+    Pack,
+    PackedSample,
+)
 
 #: Label value that the loss ignores (``torch.nn.CrossEntropyLoss``'s default ``ignore_index``).
 IGNORE_INDEX = -100
@@ -477,54 +486,61 @@ class PackedCollator:
             cached = self._positions = np.arange(max(n, 1 << 12), dtype=np.int64)
         return cached[:n]
 
-    def _collate_packs(self, packs: list[Any]) -> dict[str, Any]:
+    def _collate_packs(self, packs: list[Pack]) -> dict[str, Any]:
         """The batch of the packer's own packs, built in bulk from their pieces.
 
         One concatenation gathers every piece's tokens; labels are that stream shifted by one
         with ``-100`` at every piece's end; ``position_ids``/``document_ids`` come from the piece
-        lengths (cumsum/repeat); each output is written with one scatter into its ``[B, L]``
-        array. Same batch as the per-sample path, bit for bit.
+        lengths (cumsum/repeat); provenance is one transpose of the pieces' references. Same
+        batch as the per-sample path, bit for bit.
         """
         owner = type(self).__name__
         batch_size = len(packs)
-        pack_lengths = np.fromiter((pack.length for pack in packs), dtype=np.int64, count=batch_size)
-        longest = int(pack_lengths.max())
+        pack_lengths = [pack.length for pack in packs]
+        longest = max(pack_lengths)
         if self.max_seq_len is not None and longest > self.max_seq_len:
             raise ValueError(
                 f"{owner}: a pack of {longest} tokens is longer than max_seq_len={self.max_seq_len}. Give "
                 "the packer and the collator the same max_seq_len."
             )
         width = _padded_length(longest, self.pad_to_multiple_of)
-        pieces = [piece for pack in packs for piece in pack.pieces]
-        counts = np.fromiter((len(pack.pieces) for pack in packs), dtype=np.int64, count=batch_size)
-        lens = np.fromiter((piece.length for piece in pieces), dtype=np.int64, count=len(pieces))
-        total = int(lens.sum())
+        refs = [ref for pack in packs for ref in pack.refs]
+        counts = np.fromiter((len(pack.refs) for pack in packs), dtype=np.int64, count=batch_size)
+        columns = tuple(zip(*refs))
+        lens_list = columns[LENGTH_AT]
+        lens = np.array(lens_list, dtype=np.int64)
+        total = sum(pack_lengths)
         piece_ends = np.cumsum(lens)
         piece_starts = piece_ends - lens
         first_piece = np.cumsum(counts) - counts
-        document_in_pack = np.arange(len(pieces), dtype=np.int64) - np.repeat(first_piece, counts)
+        pack_of_piece = np.repeat(np.arange(batch_size, dtype=np.int64), counts)
+        document_in_pack = self._arange(len(refs)) - first_piece[pack_of_piece]
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
         block = torch.empty((len(fills) + 1, batch_size, width), dtype=torch.int64)
         views = block.numpy()
         full = total == batch_size * width  # every row full (concat): write straight into the outputs
         tokens = views[0].reshape(-1) if full else np.empty(total, dtype=np.int64)
         labels = views[1].reshape(-1) if full else np.empty(total, dtype=np.int64)
-        np.concatenate([piece.input_ids for piece in pieces], out=tokens, casting="same_kind")
+        np.concatenate([piece for pack in packs for piece in pack.tokens], out=tokens, casting="same_kind")
         labels[:-1] = tokens[1:]
         labels[piece_ends - 1] = IGNORE_INDEX
-        for piece, end in zip(pieces, piece_ends.tolist()):
-            if piece.labels is not None:  # a masked document carries its own labels
-                labels[end - piece.length : end] = piece.labels
+        for pack, first in zip(packs, first_piece.tolist()):
+            if pack.extras is not None:  # a masked document carries its own labels
+                for index, extra in enumerate(pack.extras, start=first):
+                    if extra is not None and extra.labels is not None:
+                        end = int(piece_ends[index])
+                        labels[end - lens_list[index] : end] = extra.labels
         positions = views[2].reshape(-1) if full else np.empty(total, dtype=np.int64)
         np.subtract(self._arange(total), np.repeat(piece_starts, lens), out=positions)
-        documents = views[3].reshape(-1) if full else np.repeat(document_in_pack, lens)
+        documents = views[3].reshape(-1) if full else np.empty(total, dtype=np.int64)
+        documents[:] = np.repeat(document_in_pack, lens)
         if full:
-            documents[:] = np.repeat(document_in_pack, lens)
             views[len(fills)].fill(1)
         else:
-            row_starts = np.cumsum(pack_lengths) - pack_lengths
+            lengths = np.asarray(pack_lengths, dtype=np.int64)
+            row_starts = np.cumsum(lengths) - lengths
             destination = self._arange(total) + np.repeat(
-                np.arange(batch_size, dtype=np.int64) * width - row_starts, pack_lengths)
+                np.arange(batch_size, dtype=np.int64) * width - row_starts, lengths)
             for i, (array, fill) in enumerate(zip((tokens, labels, positions, documents), fills)):
                 flat = views[i].reshape(-1)
                 flat.fill(fill)
@@ -533,11 +549,19 @@ class PackedCollator:
             mask.fill(0)
             mask[destination] = 1
         seq_lens = np.zeros((batch_size, int(counts.max())), dtype=np.int64)
-        seq_lens[np.repeat(np.arange(batch_size), counts), document_in_pack] = lens
+        seq_lens[pack_of_piece, document_in_pack] = lens
         batch: dict[str, Any] = {key: block[i] for i, key in enumerate(self._ARRAY_KEYS)}
         batch[ATTENTION_MASK] = block[len(fills)]
         batch[SEQ_LENS] = torch.from_numpy(seq_lens)
-        batch[PROVENANCE] = packed_provenance([[piece.provenance() for piece in pack.pieces] for pack in packs])
+        batch[PROVENANCE] = {
+            SOURCE: list(columns[SOURCE_AT]),
+            EPOCH: list(columns[EPOCH_AT]),
+            TOKENS: list(lens_list),
+            ROW: pack_of_piece.tolist(),
+            NEW_DOCUMENT: list(columns[NEW_DOCUMENT_AT]),
+            DROPPED_BEFORE: list(columns[DROPPED_AT]),
+            TRUNCATED_TOKENS: list(columns[TRUNCATED_AT]),
+        }
         return batch
 
     def __repr__(self) -> str:

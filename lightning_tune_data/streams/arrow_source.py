@@ -20,6 +20,7 @@ Rows are read as zero-copy NumPy views into the memory-mapped ``input_ids`` colu
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import traceback
 from collections import OrderedDict
@@ -125,9 +126,10 @@ class _ListColumn:
             return [values[b:e] for b, e in zip(begins, ends)]
         chunks = np.searchsorted(self._starts, indices, side="right") - 1
         local = (indices - self._starts[chunks]).tolist()
-        out = []
+        views, out = self._views, []
         for chunk, row in zip(chunks.tolist(), local):
-            offsets, values = self._view(chunk)
+            view = views.get(chunk)
+            offsets, values = self._view(chunk) if view is None else view
             out.append(values[offsets[row] : offsets[row + 1]])
         return out
 
@@ -138,23 +140,34 @@ class _ListColumn:
 
 
 class DocumentBlock:
-    """Consecutive documents of one source and pass: token views and row references, in order."""
+    """Consecutive documents of one source and pass: token views and row references, in order.
+
+    Args:
+        source, epoch: the source's name and the pass the documents belong to.
+        input_ids: each document's tokens (zero-copy views, already cut to the length policy).
+        rows: each document's row in the source.
+        truncated_tokens: tokens cut from each document by the length policy.
+        dropped_before: overlong documents dropped before each document since the previous one.
+    """
 
     __slots__ = ("source", "epoch", "input_ids", "rows", "truncated_tokens", "dropped_before")
 
-    def __init__(self, source: str, epoch: int) -> None:
+    def __init__(self, source: str, epoch: int, input_ids: list[np.ndarray], rows: list[int],
+                 truncated_tokens: list[int], dropped_before: list[int]) -> None:
         self.source = source
         self.epoch = epoch
-        self.input_ids: list[np.ndarray] = []
-        self.rows: list[int] = []
-        self.truncated_tokens: list[int] = []
-        self.dropped_before: list[int] = []
+        self.input_ids = input_ids
+        self.rows = rows
+        self.truncated_tokens = truncated_tokens
+        self.dropped_before = dropped_before
 
-    def add(self, ids: np.ndarray, row: int, truncated_tokens: int, dropped_before: int) -> None:
-        self.input_ids.append(ids)
-        self.rows.append(row)
-        self.truncated_tokens.append(truncated_tokens)
-        self.dropped_before.append(dropped_before)
+    def references(self) -> list[tuple]:
+        """Per document ``(source, row, epoch, 0, length, True, truncated_tokens, dropped_before)``,
+        the packer's piece references, built in one pass."""
+        count = len(self.rows)
+        return list(zip(itertools.repeat(self.source, count), self.rows, itertools.repeat(self.epoch, count),
+                        itertools.repeat(0, count), map(len, self.input_ids), itertools.repeat(True, count),
+                        self.truncated_tokens, self.dropped_before))
 
 
 def _arrow_table(dataset: Any) -> pa.Table:
@@ -454,28 +467,55 @@ class ArrowSource(TuneIterableDataset):
                 continue
             rows = self._upcoming_rows(plan, limit)
             plan.advance(len(rows))
-            block = DocumentBlock(self._name, epoch)
-            cap, drop = self.max_seq_len, self.overlong == "drop"
-            for row, ids in zip(rows.tolist(), self._input_ids.rows(rows)):
-                n = len(ids)
-                truncated = 0
-                if n == 0:
-                    self._counters.empty_skipped += 1
-                    continue
-                if cap is not None and n > cap:
-                    if drop:
-                        self._counters.overlong_dropped += 1
-                        self._dropped_since_yield += 1
-                        continue
-                    self._counters.overlong_truncated += 1
-                    truncated, ids = n - cap, ids[:cap]
-                block.add(ids, row, truncated, self._dropped_since_yield)
-                self._dropped_since_yield = 0
-            if block.rows:
+            block = self._block_of(rows, epoch)
+            if block is not None:
                 if self._block_pass is not None and self._block_pass[0] == epoch:
                     self._block_pass[1] += len(block.rows)
                 return block
         return None
+
+    def _block_of(self, rows: np.ndarray, epoch: int) -> DocumentBlock | None:
+        """The documents at ``rows`` after the length policy (counting what it skips), in bulk."""
+        views = self._input_ids.rows(rows)
+        lengths = np.fromiter(map(len, views), dtype=np.int64, count=len(views))
+        keep = lengths > 0
+        self._counters.empty_skipped += len(views) - int(np.count_nonzero(keep))
+        truncated = dropped_before = None
+        cap = self.max_seq_len
+        if cap is not None and int(lengths.max(initial=0)) > cap:
+            over = lengths > cap
+            if self.overlong == "drop":
+                dropped = np.cumsum(over)
+                self._counters.overlong_dropped += int(dropped[-1])
+                keep &= ~over
+                kept = np.flatnonzero(keep)
+                before = np.diff(dropped[kept], prepend=0)
+                if len(kept):
+                    before[0] += self._dropped_since_yield
+                    self._dropped_since_yield = int(dropped[-1] - dropped[kept[-1]])
+                else:
+                    self._dropped_since_yield += int(dropped[-1])
+                dropped_before = before.tolist()
+            else:
+                self._counters.overlong_truncated += int(np.count_nonzero(over))
+                truncated = np.where(over, lengths - cap, 0)
+                for index in np.flatnonzero(over).tolist():
+                    views[index] = views[index][:cap]
+        kept = np.flatnonzero(keep)
+        if not len(kept):
+            return None
+        everything = len(kept) == len(views)
+        count = len(kept)
+        if dropped_before is None:
+            dropped_before = [0] * count
+            dropped_before[0], self._dropped_since_yield = self._dropped_since_yield, 0
+        return DocumentBlock(
+            self._name, epoch,
+            views if everything else [views[i] for i in kept.tolist()],
+            (rows if everything else rows[kept]).tolist(),
+            [0] * count if truncated is None else truncated[kept].tolist(),
+            dropped_before,
+        )
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         shard = current_shard(self.rank, self.world_size)

@@ -1,19 +1,26 @@
 """Pieces and packs of the packer, their bulk materialisation, and their by-reference state.
 
-A *piece* is a document, or the part ``[start, start + length)`` of one, placed in a pack. It
-holds a zero-copy view of its tokens (into the memory-mapped cache for an ``ArrowSource``) and
-only the bookkeeping needed to label it and to find it again: no per-token work happens until a
-pack is materialised, and then it is a handful of vectorised operations per pack.
+A *piece* is a document, or the part ``[start, start + length)`` of one, placed in a pack. The
+packer keeps three things per piece, in parallel lists of its :class:`Pack`:
 
-Labels: a piece without a loss mask is labelled by shifting the pack's tokens by one and
-writing ``-100`` at the piece's last position (its next token is not in this piece); only a piece
-with a loss mask carries an explicit ``labels`` array.
+* its *reference*, a plain tuple ``(source, row, epoch, start, length, new_document,
+  truncated_tokens, dropped_before)`` (:data:`PIECE_COLUMNS`): exactly one row of the saved state,
+  so saving a pack is a transpose of its references (``row`` is ``-1`` for a document that cannot
+  be re-read);
+* its *tokens*, a zero-copy view (into the memory-mapped cache for an ``ArrowSource``);
+* an optional :class:`PieceExtra`: explicit labels (a document with a loss mask) and, for a
+  document that cannot be re-read, its loss mask (both travel in the state with its tokens).
+
+No per-token work happens until a pack is materialised, and then it is a handful of vectorised
+operations per pack or per batch. Labels: a piece without explicit labels is labelled by shifting
+the pack's tokens by one and writing ``-100`` at the piece's last position (its next token is not
+in this piece).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,105 +33,101 @@ SOURCES = "sources"
 PACK_PIECES = "pack_pieces"
 PIECE_COLUMNS = ("source", "row", "epoch", "start", "length", "new_document", "truncated_tokens", "dropped_before")
 INLINE = "inline"
+#: ``row`` of a piece whose document cannot be re-read (its tokens travel in the state).
+NOT_REREADABLE = -1
+#: Positions of the fields in a piece reference.
+SOURCE_AT, ROW_AT, EPOCH_AT, START_AT, LENGTH_AT, NEW_DOCUMENT_AT, TRUNCATED_AT, DROPPED_AT = range(8)
+
+Reference = tuple  # (source, row, epoch, start, length, new_document, truncated_tokens, dropped_before)
 
 
-class Piece:
-    """A document, or the part ``[start, start + length)`` of one, placed in a pack.
+class PieceExtra(NamedTuple):
+    """What a piece needs beyond its reference and tokens (most pieces need nothing)."""
 
-    ``row is None`` means the document cannot be re-read from its source: its tokens travel in
-    the state instead (``loss_mask`` is kept for that). ``labels is None`` means the plain shift
-    (no loss mask).
-    """
+    labels: np.ndarray | None  # explicit labels (a masked document); None: the plain shift
+    loss_mask: np.ndarray | None  # kept for a document that cannot be re-read (saved with its tokens)
 
-    __slots__ = ("input_ids", "labels", "source", "epoch", "row", "start", "new_document", "truncated_tokens",
-                 "dropped_before", "loss_mask", "length", "_reference")
 
-    def __init__(self, input_ids: np.ndarray, labels: np.ndarray | None, source: str, epoch: int, row: int | None,
-                 start: int = 0, new_document: bool = True, truncated_tokens: int = 0, dropped_before: int = 0,
-                 loss_mask: np.ndarray | None = None) -> None:
-        self.input_ids = input_ids
-        self.labels = labels
-        self.source = source
-        self.epoch = epoch
-        self.row = row
-        self.start = start
-        self.new_document = new_document
-        self.truncated_tokens = truncated_tokens
-        self.dropped_before = dropped_before
-        self.loss_mask = loss_mask
-        self.length = len(input_ids)
-        self._reference: tuple | None = None
+def reference(source: str, row: int | None, epoch: int, length: int, truncated_tokens: int = 0,
+              dropped_before: int = 0) -> Reference:
+    """The reference of a whole document (``row=None``: it cannot be re-read)."""
+    return (source, NOT_REREADABLE if row is None else int(row), int(epoch), 0, int(length), True,
+            int(truncated_tokens), int(dropped_before))
 
-    def reference(self) -> tuple:
-        """``(source, row, epoch, start, length, new_document, truncated_tokens, dropped_before)``,
-        plain Python values (``row`` -1 when it cannot be re-read); computed once."""
-        if self._reference is None:
-            self._reference = (self.source, -1 if self.row is None else int(self.row), int(self.epoch),
-                               int(self.start), self.length, bool(self.new_document), int(self.truncated_tokens),
-                               int(self.dropped_before))
-        return self._reference
 
-    def __len__(self) -> int:
-        return self.length
-
-    def part(self, offset: int, length: int) -> Piece:
-        """The sub-piece ``[offset, offset + length)`` of this piece (its last label is ``-100``)."""
-        labels = None
-        if self.labels is not None:
-            labels = self.labels[offset : offset + length].copy()
+def split_piece(ref: Reference, tokens: np.ndarray, extra: PieceExtra | None, offset: int,
+                length: int) -> tuple[Reference, np.ndarray, PieceExtra | None]:
+    """The part ``[offset, offset + length)`` of a piece (its last label is ``-100``)."""
+    first = offset == 0
+    part = (ref[SOURCE_AT], ref[ROW_AT], ref[EPOCH_AT], ref[START_AT] + offset, length, ref[NEW_DOCUMENT_AT] and first,
+            ref[TRUNCATED_AT] if first else 0, ref[DROPPED_AT] if first else 0)
+    if extra is not None:
+        labels, mask = extra
+        if labels is not None:
+            labels = labels[offset : offset + length].copy()
             labels[-1] = IGNORE_INDEX
-        mask = None if self.loss_mask is None else self.loss_mask[offset : offset + length]
-        first = offset == 0
-        return Piece(self.input_ids[offset : offset + length], labels, self.source, self.epoch, self.row,
-                     self.start + offset, self.new_document and first, self.truncated_tokens if first else 0,
-                     self.dropped_before if first else 0, mask)
+        extra = PieceExtra(labels, None if mask is None else mask[offset : offset + length])
+    return part, tokens[offset : offset + length], extra
 
-    def full_labels(self) -> np.ndarray:
-        """This piece's labels as an array (the shift within the piece when there is no mask)."""
-        if self.labels is not None:
-            return self.labels
-        labels = np.full(self.length, IGNORE_INDEX, dtype=np.int64)
-        labels[:-1] = self.input_ids[1:]
-        return labels
 
-    def provenance(self) -> dict[str, Any]:
-        return {
-            SOURCE: self.source,
-            EPOCH: self.epoch,
-            "tokens": self.length,
-            "new_document": self.new_document,
-            TRUNCATED_TOKENS: self.truncated_tokens,
-            DROPPED_BEFORE: self.dropped_before,
-        }
+def piece_labels(tokens: np.ndarray, extra: PieceExtra | None) -> np.ndarray:
+    """A piece's labels as an array (the shift within the piece when it has no explicit labels)."""
+    if extra is not None and extra.labels is not None:
+        return extra.labels
+    labels = np.full(len(tokens), IGNORE_INDEX, dtype=np.int64)
+    labels[:-1] = tokens[1:]
+    return labels
+
+
+def provenance_entry(ref: Reference) -> dict[str, Any]:
+    """The per-document provenance of one piece (what a packed sample's ``provenance`` lists)."""
+    return {
+        SOURCE: ref[SOURCE_AT],
+        EPOCH: ref[EPOCH_AT],
+        "tokens": ref[LENGTH_AT],
+        "new_document": ref[NEW_DOCUMENT_AT],
+        TRUNCATED_TOKENS: ref[TRUNCATED_AT],
+        DROPPED_BEFORE: ref[DROPPED_AT],
+    }
 
 
 class Pack:
-    """The pieces of one pack, in order, and their total length."""
+    """The pieces of one pack, in order (references, token views, extras), and their total length."""
 
-    __slots__ = ("pieces", "length")
+    __slots__ = ("refs", "tokens", "extras", "length")
 
     def __init__(self) -> None:
-        self.pieces: list[Piece] = []
+        self.refs: list[Reference] = []
+        self.tokens: list[np.ndarray] = []
+        self.extras: list[PieceExtra | None] | None = None  # only once some piece has an extra
         self.length = 0
 
-    def add(self, piece: Piece) -> None:
-        self.pieces.append(piece)
-        self.length += piece.length
+    def add(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None = None) -> None:
+        if extra is not None and self.extras is None:
+            self.extras = [None] * len(self.refs)
+        if self.extras is not None:
+            self.extras.append(extra)
+        self.refs.append(ref)
+        self.tokens.append(tokens)
+        self.length += ref[LENGTH_AT]
+
+    def pieces(self) -> Iterator[tuple[Reference, np.ndarray, PieceExtra | None]]:
+        extras = self.extras if self.extras is not None else [None] * len(self.refs)
+        return zip(self.refs, self.tokens, extras)
 
     def to_sample(self) -> dict[str, Any]:
         """The packed sample: every per-token array built with a few vectorised operations."""
-        pieces = self.pieces
-        lens = [p.length for p in pieces]
+        lens = [ref[LENGTH_AT] for ref in self.refs]
         n = self.length
-        input_ids = np.concatenate([p.input_ids for p in pieces], dtype=np.int64, casting="same_kind")
+        input_ids = np.concatenate(self.tokens, dtype=np.int64, casting="same_kind")
         ends = np.cumsum(lens)
         labels = np.empty(n, dtype=np.int64)
         labels[:-1] = input_ids[1:]
         labels[ends - 1] = IGNORE_INDEX
-        if any(p.labels is not None for p in pieces):
-            for piece, end in zip(pieces, ends.tolist()):
-                if piece.labels is not None:
-                    labels[end - piece.length : end] = piece.labels
+        if self.extras is not None:
+            for extra, end, length in zip(self.extras, ends.tolist(), lens):
+                if extra is not None and extra.labels is not None:
+                    labels[end - length : end] = extra.labels
         lens_array = np.asarray(lens, dtype=np.int64)
         return {
             INPUT_IDS: input_ids,
@@ -132,7 +135,7 @@ class Pack:
             "position_ids": np.arange(n, dtype=np.int64) - np.repeat(ends - lens_array, lens_array),
             "document_ids": np.repeat(np.arange(len(lens), dtype=np.int64), lens_array),
             "seq_lens": lens,
-            "provenance": [p.provenance() for p in pieces],
+            "provenance": [provenance_entry(ref) for ref in self.refs],
         }
 
 
@@ -141,7 +144,7 @@ class PackedSample(Mapping):
 
     It reads like the dict :meth:`Pack.to_sample` returns (``input_ids``, ``labels``,
     ``position_ids``, ``document_ids``, ``seq_lens``, ``provenance``); ``PackedCollator`` reads its
-    ``pieces`` instead and builds a whole batch with a few vectorised operations.
+    ``pack`` instead and builds a whole batch with a few vectorised operations.
     """
 
     __slots__ = ("pack", "_sample")
@@ -175,28 +178,48 @@ class PackedSample(Mapping):
         return f"PackedSample({len(self[INPUT_IDS])} tokens, {len(self['seq_lens'])} documents)"
 
 
-def pieces_to_state(packs: list[Pack]) -> dict[str, Any]:
-    """Packs as plain lists of piece references (a few integers per piece, never token ids,
-    except for pieces that cannot be re-read). Runs after every batch: column-wise, no per-piece
-    work beyond one cached tuple."""
-    pieces = [piece for pack in packs for piece in pack.pieces]
-    columns = [list(column) for column in zip(*(p.reference() for p in pieces))] or [[] for _ in PIECE_COLUMNS]
-    sources = sorted(set(columns[0]))
-    index = {name: i for i, name in enumerate(sources)}
-    columns[0] = [index[name] for name in columns[0]]
+def references_to_state(refs: list[Reference], pack_pieces: list[int],
+                        inline_pieces: Iterator[tuple[int, np.ndarray, PieceExtra | None]] = iter(())) -> dict[str, Any]:
+    """Piece references as the state's columns: one transpose, plain Python values only.
+
+    Args:
+        refs: every piece's reference, packs back to back.
+        pack_pieces: how many pieces each pack has.
+        inline_pieces: ``(position, tokens, extra)`` of the pieces that cannot be re-read.
+    """
+    columns = [list(column) for column in zip(*refs)] if refs else [[] for _ in PIECE_COLUMNS]
+    sources = sorted(set(columns[SOURCE_AT]))
+    if len(sources) == 1:
+        columns[SOURCE_AT] = [0] * len(refs)
+    else:
+        index = {name: i for i, name in enumerate(sources)}
+        columns[SOURCE_AT] = [index[name] for name in columns[SOURCE_AT]]
     inline = {}
-    if -1 in columns[1]:
-        for position, piece in enumerate(pieces):
-            if piece.row is None:
-                inline[str(position)] = {
-                    INPUT_IDS: np.asarray(piece.input_ids).tolist(),
-                    LOSS_MASK: None if piece.loss_mask is None else piece.loss_mask.tolist(),
-                    "labels": piece.full_labels().tolist(),
-                }
-    state: dict[str, Any] = {SOURCES: sources, PACK_PIECES: [len(pack.pieces) for pack in packs]}
+    for position, tokens, extra in inline_pieces:
+        inline[str(position)] = {
+            INPUT_IDS: np.asarray(tokens).tolist(),
+            LOSS_MASK: None if extra is None or extra.loss_mask is None else extra.loss_mask.tolist(),
+            "labels": piece_labels(tokens, extra).tolist(),
+        }
+    state: dict[str, Any] = {SOURCES: sources, PACK_PIECES: list(pack_pieces)}
     state.update(zip(PIECE_COLUMNS, columns))
     state[INLINE] = inline
     return state
+
+
+def pieces_to_state(packs: list[Pack]) -> dict[str, Any]:
+    """Packs as plain lists of piece references (a few integers per piece, never token ids,
+    except for pieces that cannot be re-read). Runs after every batch: one transpose."""
+    refs = [ref for pack in packs for ref in pack.refs]
+    inline = []
+    if any(ref[ROW_AT] == NOT_REREADABLE for ref in refs):
+        position = 0
+        for pack in packs:
+            for ref, tokens, extra in pack.pieces():
+                if ref[ROW_AT] == NOT_REREADABLE:
+                    inline.append((position, tokens, extra))
+                position += 1
+    return references_to_state(refs, [len(pack.refs) for pack in packs], iter(inline))
 
 
 def concat_piece_states(states: list[dict[str, Any]]) -> dict[str, Any]:

@@ -59,7 +59,7 @@ from __future__ import annotations
 import bisect
 import collections
 import collections.abc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -78,14 +78,22 @@ from lightning_tune_data.streams.base import (
 from lightning_tune_data.streams.pack_pieces import (
     IGNORE_INDEX,
     INLINE,
+    LENGTH_AT,
+    NOT_REREADABLE,
     PACK_PIECES,
+    ROW_AT,
     SOURCES,
+    TRUNCATED_AT,
     Pack,
     PackedSample,
-    Piece,
+    PieceExtra,
+    Reference,
     concat_piece_states,
     document_labels,
     pieces_to_state,
+    reference,
+    references_to_state,
+    split_piece,
     take_pieces,
 )
 
@@ -101,12 +109,7 @@ _MAX_UNUSABLE_IN_A_ROW = 100_000
 #: Documents read from the source at a time when it hands out blocks (held by reference until packed).
 _BLOCK_DOCUMENTS = 128
 
-
-def _as_pack(pieces: collections.abc.Iterable[Piece]) -> Pack:
-    pack = Pack()
-    for piece in pieces:
-        pack.add(piece)
-    return pack
+Piece = tuple[Reference, np.ndarray, "PieceExtra | None"]
 
 
 class IterablePackedDataset(TuneIterableDataset):
@@ -151,7 +154,8 @@ class IterablePackedDataset(TuneIterableDataset):
         self._next_number = 0
         self._ready: collections.deque[Pack] = collections.deque()
         # Documents read from the source in a block but not packed yet (block reading only).
-        self._pending: collections.deque[Piece] = collections.deque()
+        self._set_pending([], [], None)
+        self._add = self._strategy_adder()
         self._child_exhausted = False
         self._finished = False
         self._remaining: dict[str, Any] | None = None  # set by load_global_state, taken on first use
@@ -163,6 +167,19 @@ class IterablePackedDataset(TuneIterableDataset):
             "overlong_dropped": 0,
             "empty_dropped": 0,
         }
+
+    def _strategy_adder(self) -> Callable[[Reference, np.ndarray, PieceExtra | None], None]:
+        """The method that places one piece under this packer's strategy."""
+        return {"concat": self._add_concat, "greedy": self._add_greedy, "best_fit": self._add_best_fit}[self._strategy]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_add"]  # a bound method: rebuilt on unpickling
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._add = self._strategy_adder()
 
     @property
     def dataset_name(self) -> str:
@@ -188,6 +205,7 @@ class IterablePackedDataset(TuneIterableDataset):
 
     # -- documents in ----------------------------------------------------------------------
     def _prepare(self, sample: dict[str, Any]) -> Piece | None:
+        """One document sample as a piece (reference, token view, extra); ``None``: not packable."""
         if INPUT_IDS not in sample:
             raise KeyError(
                 f"Packer '{self._dataset_name}': a sample of '{self._child.dataset_name}' has no "
@@ -227,44 +245,56 @@ class IterablePackedDataset(TuneIterableDataset):
             ids = ids[: self._max_seq_len]
             mask = None if mask is None else mask[: self._max_seq_len]
         row = sample.get(SOURCE_ROW)
+        labels = None if mask is None else document_labels(ids, mask)
+        ref = reference(source, row, int(sample.get(EPOCH, 0)), len(ids), truncated, int(sample.get(DROPPED_BEFORE, 0)))
         if row is None:  # cannot be re-read: own the tokens (they travel in the state)
             ids = ids.copy()
             mask = None if mask is None else mask.copy()
-            return Piece(ids, None if mask is None else document_labels(ids, mask), source, int(sample.get(EPOCH, 0)),
-                         None, 0, True, truncated, int(sample.get(DROPPED_BEFORE, 0)), mask)
+            return ref, ids, None if mask is None else PieceExtra(labels, mask)
         # A re-readable document stays a zero-copy view; only a masked one needs explicit labels.
-        return Piece(ids, None if mask is None else document_labels(ids, mask), source, int(sample.get(EPOCH, 0)),
-                     int(row), 0, True, truncated, int(sample.get(DROPPED_BEFORE, 0)))
+        return ref, ids, None if labels is None else PieceExtra(labels, None)
 
     def _reads_blocks(self) -> bool:
         """Whether the child hands out blocks of document references (a plain ``ArrowSource``)."""
         supported = getattr(self._child, "blocks_supported", None)
         return supported is not None and bool(supported())
 
-    def _add_document(self, piece: Piece) -> None:
-        """Pack one document of a block (the overlong policy applies as for document samples)."""
-        self._counters["documents"] += 1
-        if piece.length > self._max_seq_len and self._strategy != "concat":
-            if self._overlong == "drop":
-                self._counters["overlong_dropped"] += 1
-                return
-            self._counters["overlong_truncated"] += 1
-            piece = Piece(piece.input_ids[: self._max_seq_len], None, piece.source, piece.epoch, piece.row, 0, True,
-                          piece.truncated_tokens + piece.length - self._max_seq_len, piece.dropped_before)
-        self._add(piece)
-
     def _read_block(self) -> bool:
         """Queue the child's next block of documents; ``False`` when the child has ended."""
         block = self._child.read_block(_BLOCK_DOCUMENTS)
         if block is None:
             return False
-        name, epoch = block.source, block.epoch
-        self._pending.extend(
-            Piece(ids, None, name, epoch, row, 0, True, truncated, dropped)
-            for ids, row, truncated, dropped in zip(block.input_ids, block.rows, block.truncated_tokens,
-                                                    block.dropped_before)
-        )
+        self._set_pending(block.references(), block.input_ids, None)
         return True
+
+    def _set_pending(self, refs: list[Reference], tokens: list[np.ndarray],
+                     extras: list[PieceExtra | None] | None) -> None:
+        self._pending_refs, self._pending_tokens, self._pending_extras = refs, tokens, extras
+        self._pending_at = 0
+
+    def _pack_pending(self) -> None:
+        """Pack queued documents until a pack is ready; the state then holds the rest by reference."""
+        refs, tokens, extras = self._pending_refs, self._pending_tokens, self._pending_extras
+        at, count, ready, add = self._pending_at, len(refs), self._ready, self._add
+        cap = self._max_seq_len
+        limit = None if self._strategy == "concat" else cap
+        counters = self._counters
+        start = at
+        while at < count and not ready:
+            ref, ids = refs[at], tokens[at]
+            extra = None if extras is None else extras[at]
+            at += 1
+            if limit is not None and ref[LENGTH_AT] > limit:
+                if self._overlong == "drop":
+                    counters["overlong_dropped"] += 1
+                    continue
+                counters["overlong_truncated"] += 1
+                cut = ref[LENGTH_AT] - limit
+                ref, ids, extra = split_piece(ref, ids, extra, 0, limit)
+                ref = ref[:TRUNCATED_AT] + (ref[TRUNCATED_AT] + cut,) + ref[TRUNCATED_AT + 1 :]
+            add(ref, ids, extra)
+        counters["documents"] += at - start
+        self._pending_at = at
 
     def _open_pack(self, pack: Pack) -> int:
         number = self._next_number
@@ -272,47 +302,63 @@ class IterablePackedDataset(TuneIterableDataset):
         self._open[number] = pack
         return number
 
-    def _add(self, piece: Piece) -> None:
-        cap = self._max_seq_len
-        if self._strategy == "concat":
-            offset, n = 0, piece.length
-            number = next(iter(self._open)) if self._open else self._open_pack(Pack())
-            while offset < n:
-                pack = self._open[number]
-                take = min(cap - pack.length, n - offset)
-                pack.add(piece if take == n else piece.part(offset, take))
-                offset += take
-                if pack.length == cap:
-                    self._ready.append(self._open.pop(number))
-                    number = self._open_pack(Pack())
-            if self._open[number].length == 0:
-                del self._open[number]
+    def _add_concat(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None) -> None:
+        cap, open_packs = self._max_seq_len, self._open
+        if open_packs:
+            number, pack = next(iter(open_packs.items()))
+        else:
+            pack = Pack()
+            number = self._open_pack(pack)
+        n = ref[LENGTH_AT]
+        if pack.length + n < cap:  # the common case: the whole document fits with room to spare
+            pack.add(ref, tokens, extra)
             return
-        if self._strategy == "greedy":
-            if self._open:
-                number = next(iter(self._open))
-                if self._open[number].length + piece.length > cap:
-                    self._ready.append(self._open.pop(number))
-            number = next(iter(self._open)) if self._open else self._open_pack(Pack())
-            pack = self._open[number]
-            pack.add(piece)
+        offset = 0
+        while offset < n:
+            take = min(cap - pack.length, n - offset)
+            if take == n:
+                pack.add(ref, tokens, extra)
+            else:
+                pack.add(*split_piece(ref, tokens, extra, offset, take))
+            offset += take
             if pack.length == cap:
-                self._ready.append(self._open.pop(number))
-            return
-        # best_fit: the open pack with the least free space that holds the piece (oldest on ties).
-        n, free = piece.length, self._free
+                self._ready.append(open_packs.pop(number))
+                pack = Pack()
+                number = self._open_pack(pack)
+        if pack.length == 0:
+            del open_packs[number]
+
+    def _add_greedy(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None) -> None:
+        cap, open_packs = self._max_seq_len, self._open
+        if open_packs:
+            number, pack = next(iter(open_packs.items()))
+            if pack.length + ref[LENGTH_AT] > cap:
+                self._ready.append(open_packs.pop(number))
+        if open_packs:
+            number, pack = next(iter(open_packs.items()))
+        else:
+            pack = Pack()
+            number = self._open_pack(pack)
+        pack.add(ref, tokens, extra)
+        if pack.length == cap:
+            self._ready.append(open_packs.pop(number))
+
+    def _add_best_fit(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None) -> None:
+        # The open pack with the least free space that holds the piece (oldest on ties).
+        cap, free = self._max_seq_len, self._free
+        n = ref[LENGTH_AT]
         i = bisect.bisect_left(free, (n, -1))
         if i < len(free):
             space, number = free.pop(i)
             pack = self._open[number]
-            pack.add(piece)
+            pack.add(ref, tokens, extra)
             if pack.length == cap:
                 self._ready.append(self._open.pop(number))
             else:
                 bisect.insort(free, (space - n, number))
             return
         pack = Pack()
-        pack.add(piece)
+        pack.add(ref, tokens, extra)
         if pack.length == cap:
             self._ready.append(pack)
             return
@@ -335,27 +381,25 @@ class IterablePackedDataset(TuneIterableDataset):
         if self._finished:  # new round over a finished finite child
             self._finished = False
             self._child_exhausted = False
-        child_it = None if self._child_exhausted else iter(self._child)
-        unusable = 0
         blocks = self._reads_blocks()
         child_it = None if self._child_exhausted or blocks else iter(self._child)
-        pending, ready = self._pending, self._ready
+        ready, counters = self._ready, self._counters
         unusable = 0
         while True:
             if ready:
                 pack = ready.popleft()
-                self._counters["packs"] += 1
-                self._counters["tokens"] += pack.length
+                counters["packs"] += 1
+                counters["tokens"] += pack.length
                 yield PackedSample(pack)
                 continue
             if self._child_exhausted:
                 self._finished = True
                 return
             if blocks:
-                # Pack queued documents until a pack is ready; the state then holds the rest by reference.
-                while pending and not ready:
-                    self._add_document(pending.popleft())
-                if ready or self._read_block():
+                if self._pending_at < len(self._pending_refs):
+                    self._pack_pending()
+                    continue
+                if self._read_block():
                     continue
                 sample = _END
             else:
@@ -367,7 +411,7 @@ class IterablePackedDataset(TuneIterableDataset):
                 continue
             piece = self._prepare(sample)
             if piece is not None:
-                self._add(piece)
+                self._add(*piece)
                 unusable = 0
                 continue
             unusable += 1
@@ -388,7 +432,7 @@ class IterablePackedDataset(TuneIterableDataset):
             ids = np.asarray(inline[INPUT_IDS], dtype=np.int64)
             labels = np.asarray(inline["labels"], dtype=np.int64)
             mask = None if inline[LOSS_MASK] is None else np.asarray(inline[LOSS_MASK], dtype=bool)
-            reference = None
+            extra, row = PieceExtra(labels, mask), NOT_REREADABLE
         else:
             document = self._child.read_document(source, row, epoch)
             if document is None or len(document[INPUT_IDS]) < start + length:
@@ -401,20 +445,21 @@ class IterablePackedDataset(TuneIterableDataset):
             if full_ids.dtype.kind not in "iu":
                 full_ids = full_ids.astype(np.int64)
             full_mask = document.get(LOSS_MASK)
-            ids, labels = full_ids[start : start + length], None
+            ids, extra = full_ids[start : start + length], None
             if full_mask is not None:
                 labels = document_labels(full_ids, np.asarray(full_mask, dtype=bool))[start : start + length]
                 labels[-1] = IGNORE_INDEX
-            mask, reference = None, row
-        return Piece(ids, labels, source, epoch, reference, start, bool(state["new_document"][index]),
-                     int(state["truncated_tokens"][index]), int(state["dropped_before"][index]), mask)
+                extra = PieceExtra(labels, None)
+        ref = (source, row, epoch, start, length, bool(state["new_document"][index]),
+               int(state["truncated_tokens"][index]), int(state["dropped_before"][index]))
+        return ref, ids, extra
 
     def _packs_from_state(self, state: dict[str, Any]) -> list[Pack]:
         packs, index = [], 0
         for count in state[PACK_PIECES]:
             pack = Pack()
             for _ in range(int(count)):
-                pack.add(self._piece_from_reference(state, index))
+                pack.add(*self._piece_from_reference(state, index))
                 index += 1
             packs.append(pack)
         return packs
@@ -427,11 +472,22 @@ class IterablePackedDataset(TuneIterableDataset):
         shard = current_shard(getattr(self._child, "rank", 0), getattr(self._child, "world_size", 1))
         self._set_open([])
         self._ready = collections.deque()
-        self._pending.clear()
+        self._set_pending([], [], None)
         if shard.shard_id == 0:
             self._counters = {k: int(v) for k, v in remaining["counters"].items()}
         for pack in self._packs_from_state(take_pieces(remaining["held"], shard.shard_id, shard.num_shards)):
-            self._add(pack.pieces[0])
+            for piece in pack.pieces():
+                self._add(*piece)
+
+    def _pending_state(self) -> dict[str, Any]:
+        at = self._pending_at
+        refs = self._pending_refs[at:]
+        inline = []
+        if self._pending_extras is not None:  # loaded from a state: may hold pieces that can't be re-read
+            inline = [(i, tokens, extra) for i, (ref, tokens, extra) in
+                      enumerate(zip(refs, self._pending_tokens[at:], self._pending_extras[at:]))
+                      if ref[ROW_AT] == NOT_REREADABLE]
+        return references_to_state(refs, [len(refs)], iter(inline))
 
     def state_dict(self) -> dict[str, Any]:
         self._resolve()
@@ -442,7 +498,7 @@ class IterablePackedDataset(TuneIterableDataset):
                 "counters": dict(self._counters),
                 "num_open": len(self._open),
                 "packs": pieces_to_state([*self._open.values(), *self._ready]),
-                "pending": pieces_to_state([_as_pack(self._pending)]),
+                "pending": self._pending_state(),
                 "child_exhausted": self._child_exhausted,
                 "finished": self._finished,
                 "child": self._child.state_dict(),
@@ -467,11 +523,9 @@ class IterablePackedDataset(TuneIterableDataset):
         packs = self._packs_from_state(own["packs"])
         self._set_open(packs[: own["num_open"]])
         self._ready = collections.deque(packs[own["num_open"] :])
-        pending = own.get("pending")
-        self._pending.clear()
-        self._pending.extend(
-            piece for pack in ([] if pending is None else self._packs_from_state(pending)) for piece in pack.pieces
-        )
+        pending = [] if own.get("pending") is None else self._packs_from_state(own["pending"])
+        pieces = [piece for pack in pending for piece in pack.pieces()]
+        self._set_pending([p[0] for p in pieces], [p[1] for p in pieces], [p[2] for p in pieces])
         self._child_exhausted = bool(own["child_exhausted"])
         self._finished = bool(own["finished"])
 

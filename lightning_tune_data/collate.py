@@ -491,8 +491,9 @@ class PackedCollator:
 
         One concatenation gathers every piece's tokens; labels are that stream shifted by one
         with ``-100`` at every piece's end; ``position_ids``/``document_ids`` come from the piece
-        lengths (cumsum/repeat); provenance is one transpose of the pieces' references. Same
-        batch as the per-sample path, bit for bit.
+        lengths (repeat); provenance is one transpose of the pieces'
+        references. Rows shorter than the batch are copied into place row by row. Same batch as
+        the per-sample path, bit for bit.
         """
         owner = type(self).__name__
         batch_size = len(packs)
@@ -505,22 +506,22 @@ class PackedCollator:
             )
         width = _padded_length(longest, self.pad_to_multiple_of)
         refs = [ref for pack in packs for ref in pack.refs]
-        counts = np.fromiter((len(pack.refs) for pack in packs), dtype=np.int64, count=batch_size)
+        counts = np.array([len(pack.refs) for pack in packs], dtype=np.int64)
         columns = tuple(zip(*refs))
         lens_list = columns[LENGTH_AT]
         lens = np.array(lens_list, dtype=np.int64)
         total = sum(pack_lengths)
         piece_ends = np.cumsum(lens)
-        piece_starts = piece_ends - lens
         first_piece = np.cumsum(counts) - counts
-        pack_of_piece = np.repeat(np.arange(batch_size, dtype=np.int64), counts)
+        pack_of_piece = np.repeat(self._arange(batch_size), counts)
         document_in_pack = self._arange(len(refs)) - first_piece[pack_of_piece]
+
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
         block = torch.empty((len(fills) + 1, batch_size, width), dtype=torch.int64)
         views = block.numpy()
-        full = total == batch_size * width  # every row full (concat): write straight into the outputs
-        tokens = views[0].reshape(-1) if full else np.empty(total, dtype=np.int64)
-        labels = views[1].reshape(-1) if full else np.empty(total, dtype=np.int64)
+        full = total == batch_size * width  # every row full (concat): build straight into the outputs
+        compact = views[: len(fills)].reshape(len(fills), -1) if full else np.empty((len(fills), total), np.int64)
+        tokens, labels, positions, documents = compact
         np.concatenate([piece for pack in packs for piece in pack.tokens], out=tokens, casting="same_kind")
         labels[:-1] = tokens[1:]
         labels[piece_ends - 1] = IGNORE_INDEX
@@ -530,28 +531,23 @@ class PackedCollator:
                     if extra is not None and extra.labels is not None:
                         end = int(piece_ends[index])
                         labels[end - lens_list[index] : end] = extra.labels
-        positions = views[2].reshape(-1) if full else np.empty(total, dtype=np.int64)
-        np.subtract(self._arange(total), np.repeat(piece_starts, lens), out=positions)
-        documents = views[3].reshape(-1) if full else np.empty(total, dtype=np.int64)
+        np.subtract(self._arange(total), np.repeat(piece_ends - lens, lens), out=positions)
         documents[:] = np.repeat(document_in_pack, lens)
         if full:
             views[len(fills)].fill(1)
         else:
-            lengths = np.asarray(pack_lengths, dtype=np.int64)
-            row_starts = np.cumsum(lengths) - lengths
-            destination = self._arange(total) + np.repeat(
-                np.arange(batch_size, dtype=np.int64) * width - row_starts, lengths)
-            for i, (array, fill) in enumerate(zip((tokens, labels, positions, documents), fills)):
-                flat = views[i].reshape(-1)
-                flat.fill(fill)
-                flat[destination] = array
-            mask = views[len(fills)].reshape(-1)
-            mask.fill(0)
-            mask[destination] = 1
+            padding = np.array((*fills, 0), dtype=np.int64)[:, None]
+            start = 0
+            for row, n in enumerate(pack_lengths):
+                views[: len(fills), row, :n] = compact[:, start : start + n]
+                views[len(fills), row, :n] = 1
+                views[:, row, n:] = padding
+                start += n
         seq_lens = np.zeros((batch_size, int(counts.max())), dtype=np.int64)
         seq_lens[pack_of_piece, document_in_pack] = lens
-        batch: dict[str, Any] = {key: block[i] for i, key in enumerate(self._ARRAY_KEYS)}
-        batch[ATTENTION_MASK] = block[len(fills)]
+        planes = block.unbind(0)
+        batch: dict[str, Any] = dict(zip(self._ARRAY_KEYS, planes))
+        batch[ATTENTION_MASK] = planes[len(fills)]
         batch[SEQ_LENS] = torch.from_numpy(seq_lens)
         batch[PROVENANCE] = {
             SOURCE: list(columns[SOURCE_AT]),

@@ -120,18 +120,23 @@ class _ListColumn:
 
     def rows(self, indices: np.ndarray) -> list[np.ndarray]:
         """Zero-copy views of several rows (one vectorised chunk lookup for all of them)."""
+        return self.rows_and_lengths(indices)[0]
+
+    def rows_and_lengths(self, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """Zero-copy views of several rows and their lengths (one vectorised chunk lookup)."""
         if self._single:
             offsets, values = self._view(0)
-            begins, ends = offsets[indices].tolist(), offsets[indices + 1].tolist()
-            return [values[b:e] for b, e in zip(begins, ends)]
+            begins, ends = offsets[indices], offsets[indices + 1]
+            views = [values[b:e] for b, e in zip(begins.tolist(), ends.tolist())]
+            return views, (ends - begins).astype(np.int64, copy=False)
         chunks = np.searchsorted(self._starts, indices, side="right") - 1
         local = (indices - self._starts[chunks]).tolist()
-        views, out = self._views, []
+        cache, views = self._views, []
         for chunk, row in zip(chunks.tolist(), local):
-            view = views.get(chunk)
+            view = cache.get(chunk)
             offsets, values = self._view(chunk) if view is None else view
-            out.append(values[offsets[row] : offsets[row + 1]])
-        return out
+            views.append(values[offsets[row] : offsets[row + 1]])
+        return views, np.fromiter(map(len, views), dtype=np.int64, count=len(views))
 
     def lengths(self) -> np.ndarray:
         """Every row's length, from the offsets alone (no values are read)."""
@@ -476,8 +481,7 @@ class ArrowSource(TuneIterableDataset):
 
     def _block_of(self, rows: np.ndarray, epoch: int) -> DocumentBlock | None:
         """The documents at ``rows`` after the length policy (counting what it skips), in bulk."""
-        views = self._input_ids.rows(rows)
-        lengths = np.fromiter(map(len, views), dtype=np.int64, count=len(views))
+        views, lengths = self._input_ids.rows_and_lengths(rows)
         keep = lengths > 0
         self._counters.empty_skipped += len(views) - int(np.count_nonzero(keep))
         truncated = dropped_before = None

@@ -207,21 +207,6 @@ def references_to_state(refs: list[Reference], pack_pieces: list[int],
     return state
 
 
-def pieces_to_state(packs: list[Pack]) -> dict[str, Any]:
-    """Packs as plain lists of piece references (a few integers per piece, never token ids,
-    except for pieces that cannot be re-read). Runs after every batch: one transpose."""
-    refs = [ref for pack in packs for ref in pack.refs]
-    inline = []
-    if any(ref[ROW_AT] == NOT_REREADABLE for ref in refs):
-        position = 0
-        for pack in packs:
-            for ref, tokens, extra in pack.pieces():
-                if ref[ROW_AT] == NOT_REREADABLE:
-                    inline.append((position, tokens, extra))
-                position += 1
-    return references_to_state(refs, [len(pack.refs) for pack in packs], iter(inline))
-
-
 def concat_piece_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     """The pieces of several states (shards) as one state with one pack per piece, in order."""
     sources = sorted({name for state in states for name in state[SOURCES]})

@@ -59,6 +59,7 @@ from __future__ import annotations
 import bisect
 import collections
 import collections.abc
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -90,7 +91,6 @@ from lightning_tune_data.streams.pack_pieces import (
     Reference,
     concat_piece_states,
     document_labels,
-    pieces_to_state,
     reference,
     references_to_state,
     split_piece,
@@ -107,7 +107,7 @@ _END = object()
 #: instead of reading an infinite stream forever.
 _MAX_UNUSABLE_IN_A_ROW = 100_000
 #: Documents read from the source at a time when it hands out blocks (held by reference until packed).
-_BLOCK_DOCUMENTS = 128
+_BLOCK_DOCUMENTS = 512
 
 Piece = tuple[Reference, np.ndarray, "PieceExtra | None"]
 
@@ -271,30 +271,97 @@ class IterablePackedDataset(TuneIterableDataset):
                      extras: list[PieceExtra | None] | None) -> None:
         self._pending_refs, self._pending_tokens, self._pending_extras = refs, tokens, extras
         self._pending_at = 0
+        self._pending_ends: list[int] | None = None  # cumulative lengths, for concat's bulk placement
 
     def _pack_pending(self) -> None:
         """Pack queued documents until a pack is ready; the state then holds the rest by reference."""
+        start = self._pending_at
+        if self._pending_extras is None and self._strategy == "concat":
+            self._pending_at = self._concat_pending()
+        elif self._pending_extras is None and self._strategy == "best_fit":
+            self._pending_at = self._best_fit_pending()
+        else:
+            self._pending_at = self._place_pending()
+        self._counters["documents"] += self._pending_at - start
+
+    def _place(self, ref: Reference, ids: np.ndarray, extra: PieceExtra | None) -> None:
+        """Place one queued document, applying the overlong policy of ``greedy``/``best_fit``."""
+        limit = self._max_seq_len
+        if self._strategy != "concat" and ref[LENGTH_AT] > limit:
+            if self._overlong == "drop":
+                self._counters["overlong_dropped"] += 1
+                return
+            self._counters["overlong_truncated"] += 1
+            cut = ref[LENGTH_AT] - limit
+            ref, ids, extra = split_piece(ref, ids, extra, 0, limit)
+            ref = ref[:TRUNCATED_AT] + (ref[TRUNCATED_AT] + cut,) + ref[TRUNCATED_AT + 1 :]
+        self._add(ref, ids, extra)
+
+    def _place_pending(self) -> int:
+        """Any strategy, one document at a time; returns the new queue position."""
         refs, tokens, extras = self._pending_refs, self._pending_tokens, self._pending_extras
-        at, count, ready, add = self._pending_at, len(refs), self._ready, self._add
-        cap = self._max_seq_len
-        limit = None if self._strategy == "concat" else cap
-        counters = self._counters
-        start = at
+        at, count, ready, place = self._pending_at, len(refs), self._ready, self._place
+        while at < count and not ready:
+            place(refs[at], tokens[at], None if extras is None else extras[at])
+            at += 1
+        return at
+
+    def _best_fit_pending(self) -> int:
+        """``best_fit`` over queued documents without extras (the same placement as :meth:`_add_best_fit`,
+        with the common case inlined)."""
+        refs, tokens = self._pending_refs, self._pending_tokens
+        at, count, ready = self._pending_at, len(refs), self._ready
+        cap, free, open_packs, bisect_left = self._max_seq_len, self._free, self._open, bisect.bisect_left
         while at < count and not ready:
             ref, ids = refs[at], tokens[at]
-            extra = None if extras is None else extras[at]
             at += 1
-            if limit is not None and ref[LENGTH_AT] > limit:
-                if self._overlong == "drop":
-                    counters["overlong_dropped"] += 1
-                    continue
-                counters["overlong_truncated"] += 1
-                cut = ref[LENGTH_AT] - limit
-                ref, ids, extra = split_piece(ref, ids, extra, 0, limit)
-                ref = ref[:TRUNCATED_AT] + (ref[TRUNCATED_AT] + cut,) + ref[TRUNCATED_AT + 1 :]
-            add(ref, ids, extra)
-        counters["documents"] += at - start
-        self._pending_at = at
+            n = ref[LENGTH_AT]
+            i = bisect_left(free, (n, -1)) if n <= cap else len(free)
+            if i == len(free):  # opens a pack (or is overlong): the general path
+                self._place(ref, ids, None)
+                continue
+            space, number = free.pop(i)
+            pack = open_packs[number]
+            pack.refs.append(ref)
+            pack.tokens.append(ids)
+            if pack.extras is not None:
+                pack.extras.append(None)
+            pack.length += n
+            if space == n:
+                ready.append(open_packs.pop(number))
+            else:
+                bisect.insort(free, (space - n, number))
+        return at
+
+    def _concat_pending(self) -> int:
+        """``concat`` over queued documents without extras: the whole documents that fit in the
+        open pack are appended in one step, then the document that fills it is split."""
+        refs, tokens = self._pending_refs, self._pending_tokens
+        at, count = self._pending_at, len(refs)
+        if at >= count:
+            return at
+        ends = self._pending_ends
+        if ends is None:
+            ends = self._pending_ends = list(itertools.accumulate(ref[LENGTH_AT] for ref in refs))
+        open_packs = self._open
+        if open_packs:
+            pack = next(iter(open_packs.values()))
+        else:
+            pack = Pack()
+            self._open_pack(pack)
+        before = ends[at - 1] if at else 0
+        last = bisect.bisect_left(ends, before + self._max_seq_len - pack.length, lo=at)  # fills the pack
+        whole = min(last, count)
+        if whole > at:
+            pack.refs.extend(refs[at:whole])
+            pack.tokens.extend(tokens[at:whole])
+            if pack.extras is not None:
+                pack.extras.extend([None] * (whole - at))
+            pack.length += ends[whole - 1] - before
+        if whole == count:
+            return count
+        self._add_concat(refs[last], tokens[last], None)
+        return last + 1
 
     def _open_pack(self, pack: Pack) -> int:
         number = self._next_number
@@ -479,31 +546,37 @@ class IterablePackedDataset(TuneIterableDataset):
             for piece in pack.pieces():
                 self._add(*piece)
 
-    def _pending_state(self) -> dict[str, Any]:
-        at = self._pending_at
-        refs = self._pending_refs[at:]
-        inline = []
-        if self._pending_extras is not None:  # loaded from a state: may hold pieces that can't be re-read
-            inline = [(i, tokens, extra) for i, (ref, tokens, extra) in
-                      enumerate(zip(refs, self._pending_tokens[at:], self._pending_extras[at:]))
-                      if ref[ROW_AT] == NOT_REREADABLE]
-        return references_to_state(refs, [len(refs)], iter(inline))
-
     def state_dict(self) -> dict[str, Any]:
+        return self.snapshot()()
+
+    def snapshot(self) -> Callable[[], dict[str, Any]]:
+        """A cheap record of the position after the last yielded pack; calling it returns
+        :meth:`state_dict`'s result for that position.
+
+        Taking it costs a few microseconds whatever the number of held pieces (packs only ever
+        grow by appending, so an open pack is recorded as the pack and its current piece count);
+        the loader takes one after every batch and builds the state only when a checkpoint asks.
+        """
         self._resolve()
-        return {
-            self._dataset_name: {
-                "strategy": self._strategy,
-                "max_seq_len": self._max_seq_len,
-                "counters": dict(self._counters),
-                "num_open": len(self._open),
-                "packs": pieces_to_state([*self._open.values(), *self._ready]),
-                "pending": self._pending_state(),
-                "child_exhausted": self._child_exhausted,
-                "finished": self._finished,
-                "child": self._child.state_dict(),
-            }
+        held = [(pack, len(pack.refs)) for pack in self._open.values()]
+        num_open = len(held)
+        held.extend((pack, len(pack.refs)) for pack in self._ready)
+        pending = (self._pending_refs, self._pending_tokens, self._pending_extras, self._pending_at)
+        fixed = {
+            "strategy": self._strategy,
+            "max_seq_len": self._max_seq_len,
+            "counters": dict(self._counters),
+            "num_open": num_open,
+            "child_exhausted": self._child_exhausted,
+            "finished": self._finished,
+            "child": self._child.state_dict(),
         }
+        name = self._dataset_name
+
+        def build() -> dict[str, Any]:
+            return {name: {**fixed, "packs": _held_state(held), "pending": _pending_state(*pending)}}
+
+        return build
 
     def _check_settings(self, own: dict[str, Any]) -> None:
         if own["strategy"] != self._strategy or own["max_seq_len"] != self._max_seq_len:
@@ -555,3 +628,28 @@ class IterablePackedDataset(TuneIterableDataset):
 
     def read_document(self, source: str, row: int, epoch: int) -> dict[str, Any] | None:
         return self._child.read_document(source, row, epoch)
+
+
+def _held_state(held: list[tuple[Pack, int]]) -> dict[str, Any]:
+    """The state of packs recorded as ``(pack, piece count at the time)``."""
+    refs = [ref for pack, count in held for ref in pack.refs[:count]]
+    inline = []
+    if any(ref[ROW_AT] == NOT_REREADABLE for ref in refs):
+        position = 0
+        for pack, count in held:
+            for ref, tokens, extra in itertools.islice(pack.pieces(), count):
+                if ref[ROW_AT] == NOT_REREADABLE:
+                    inline.append((position, tokens, extra))
+                position += 1
+    return references_to_state(refs, [count for _, count in held], iter(inline))
+
+
+def _pending_state(refs: list[Reference], tokens: list[np.ndarray], extras: list[PieceExtra | None] | None,
+                   at: int) -> dict[str, Any]:
+    """The state of the documents read in a block but not packed yet (from position ``at``)."""
+    refs = refs[at:]
+    inline = []
+    if extras is not None:  # loaded from a state: may hold pieces that can't be re-read
+        inline = [(i, piece_tokens, extra) for i, (ref, piece_tokens, extra) in
+                  enumerate(zip(refs, tokens[at:], extras[at:])) if ref[ROW_AT] == NOT_REREADABLE]
+    return references_to_state(refs, [len(refs)], iter(inline))

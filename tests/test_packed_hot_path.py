@@ -176,3 +176,33 @@ def test_read_block_yields_the_documents_iteration_yields_and_advances_the_same_
             assert document["source_row"] == row and document.get("truncated_tokens", 0) == truncated
             np.testing.assert_array_equal(document["input_ids"], ids)
             assert np.shares_memory(ids, blocks._input_ids.rows(np.array([row]))[0])  # zero-copy views
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_snapshot_built_later_equals_the_state_dict_of_its_moment(strategy: str) -> None:
+    table = _table(300, seed=11)
+    packer = IterablePackedDataset(ArrowSource(table, "s", seed=6, max_seq_len=64), 64, strategy=strategy,
+                                   buffer_size=4)
+    it = iter(packer)
+    moments = []
+    for _ in range(40):
+        next(it)
+        moments.append((packer.snapshot(), json.loads(json.dumps(packer.state_dict()))))
+    for _ in range(200):  # packs keep growing and the block queue moves on after the snapshots
+        next(it)
+    for snapshot, expected in moments:
+        assert json.loads(json.dumps(snapshot())) == expected
+
+
+def test_train_loader_takes_snapshots_in_process_and_builds_the_state_only_when_asked() -> None:
+    from lightning_tune_data.loaders import LoaderOptions, build_train_loader
+
+    table = _table(300, seed=12)
+    packer = IterablePackedDataset(ArrowSource(table, "s", seed=1, max_seq_len=64), 64, strategy="best_fit")
+    loader = build_train_loader(packer, PackedCollator(pad_id=0, max_seq_len=64), LoaderOptions(batch_size=4), seed=0)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    assert all(callable(state["dataset"]) for _, state in loader._history)  # nothing built per batch
+    state = loader.state_after(3)
+    assert isinstance(state["dataset"], dict) and state["dataset"]["packed_s"]["counters"]["packs"] == 12

@@ -35,12 +35,15 @@ truncated to ``max_seq_len`` (``overlong="truncate"``) or dropped (``"drop"``), 
 Empty documents are dropped and counted.
 
 Hot path: from a plain ``ArrowSource`` (no transforms, filter or loss mask) the packer reads
-blocks of documents as zero-copy views with their row references, packs them by length alone,
-and ``PackedCollator`` builds each batch from the packs' pieces in bulk (one gather of the
-tokens, labels by one shift plus a mask at piece ends, ids by cumsum/repeat). The documents of a
-block not packed yet are held by reference in the state, so the state after every pack still
-describes exactly the position after it. Other children are read one document at a time, with
-the same packs as the result.
+blocks of 512 documents as zero-copy views with their row references, places them by length
+alone (``pack_placement.py``: a run of whole documents at once for ``concat``), and
+``PackedCollator`` builds each batch from the packs' pieces in bulk (one gather of the tokens,
+labels by one shift plus a mask at piece ends, ids by repeat, provenance by one transpose of the
+piece references). The documents of a block not packed yet are held by reference in the state,
+so the state after every pack still describes exactly the position after it. Other children are
+read one document at a time, with the same packs as the result. :meth:`IterablePackedDataset.snapshot`
+records a position in microseconds and builds its state only when asked; the train loader takes
+one after every batch.
 
 Everything is deterministic given the input order. The state holds the open packs and the
 queue of finished packs *by reference*: per piece its source, row, pass, token range and flags,
@@ -56,9 +59,7 @@ When a finite child ends, the open packs are emitted oldest first and the stream
 
 from __future__ import annotations
 
-import bisect
 import collections
-import collections.abc
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -79,12 +80,10 @@ from lightning_tune_data.streams.base import (
 from lightning_tune_data.streams.pack_pieces import (
     IGNORE_INDEX,
     INLINE,
-    LENGTH_AT,
     NOT_REREADABLE,
     PACK_PIECES,
     ROW_AT,
     SOURCES,
-    TRUNCATED_AT,
     Pack,
     PackedSample,
     PieceExtra,
@@ -93,9 +92,9 @@ from lightning_tune_data.streams.pack_pieces import (
     document_labels,
     reference,
     references_to_state,
-    split_piece,
     take_pieces,
 )
+from lightning_tune_data.streams.pack_placement import DocumentQueue, PackPlacer
 
 __all__ = ["IterablePackedDataset", "PACKING_STRATEGIES", "OVERLONG_POLICIES", "IGNORE_INDEX"]
 
@@ -148,14 +147,6 @@ class IterablePackedDataset(TuneIterableDataset):
         self._strategy = strategy
         self._buffer_size = buffer_size
         self._overlong = overlong
-        # Open packs by creation number (oldest first); for best_fit also sorted (free space, number).
-        self._open: dict[int, Pack] = {}
-        self._free: list[tuple[int, int]] = []
-        self._next_number = 0
-        self._ready: collections.deque[Pack] = collections.deque()
-        # Documents read from the source in a block but not packed yet (block reading only).
-        self._set_pending([], [], None)
-        self._add = self._strategy_adder()
         self._child_exhausted = False
         self._finished = False
         self._remaining: dict[str, Any] | None = None  # set by load_global_state, taken on first use
@@ -167,19 +158,8 @@ class IterablePackedDataset(TuneIterableDataset):
             "overlong_dropped": 0,
             "empty_dropped": 0,
         }
-
-    def _strategy_adder(self) -> Callable[[Reference, np.ndarray, PieceExtra | None], None]:
-        """The method that places one piece under this packer's strategy."""
-        return {"concat": self._add_concat, "greedy": self._add_greedy, "best_fit": self._add_best_fit}[self._strategy]
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_add"]  # a bound method: rebuilt on unpickling
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._add = self._strategy_adder()
+        self._placer = PackPlacer(strategy, max_seq_len, buffer_size, overlong, self._counters)
+        self._queue = DocumentQueue()  # documents read in a block, not packed yet (block reading only)
 
     @property
     def dataset_name(self) -> str:
@@ -264,183 +244,8 @@ class IterablePackedDataset(TuneIterableDataset):
         block = self._child.read_block(_BLOCK_DOCUMENTS)
         if block is None:
             return False
-        self._set_pending(block.references(), block.input_ids, None)
+        self._queue = DocumentQueue(block.references(), block.input_ids)
         return True
-
-    def _set_pending(self, refs: list[Reference], tokens: list[np.ndarray],
-                     extras: list[PieceExtra | None] | None) -> None:
-        self._pending_refs, self._pending_tokens, self._pending_extras = refs, tokens, extras
-        self._pending_at = 0
-        self._pending_ends: list[int] | None = None  # cumulative lengths, for concat's bulk placement
-
-    def _pack_pending(self) -> None:
-        """Pack queued documents until a pack is ready; the state then holds the rest by reference."""
-        start = self._pending_at
-        if self._pending_extras is None and self._strategy == "concat":
-            self._pending_at = self._concat_pending()
-        elif self._pending_extras is None and self._strategy == "best_fit":
-            self._pending_at = self._best_fit_pending()
-        else:
-            self._pending_at = self._place_pending()
-        self._counters["documents"] += self._pending_at - start
-
-    def _place(self, ref: Reference, ids: np.ndarray, extra: PieceExtra | None) -> None:
-        """Place one queued document, applying the overlong policy of ``greedy``/``best_fit``."""
-        limit = self._max_seq_len
-        if self._strategy != "concat" and ref[LENGTH_AT] > limit:
-            if self._overlong == "drop":
-                self._counters["overlong_dropped"] += 1
-                return
-            self._counters["overlong_truncated"] += 1
-            cut = ref[LENGTH_AT] - limit
-            ref, ids, extra = split_piece(ref, ids, extra, 0, limit)
-            ref = ref[:TRUNCATED_AT] + (ref[TRUNCATED_AT] + cut,) + ref[TRUNCATED_AT + 1 :]
-        self._add(ref, ids, extra)
-
-    def _place_pending(self) -> int:
-        """Any strategy, one document at a time; returns the new queue position."""
-        refs, tokens, extras = self._pending_refs, self._pending_tokens, self._pending_extras
-        at, count, ready, place = self._pending_at, len(refs), self._ready, self._place
-        while at < count and not ready:
-            place(refs[at], tokens[at], None if extras is None else extras[at])
-            at += 1
-        return at
-
-    def _best_fit_pending(self) -> int:
-        """``best_fit`` over queued documents without extras (the same placement as :meth:`_add_best_fit`,
-        with the common case inlined)."""
-        refs, tokens = self._pending_refs, self._pending_tokens
-        at, count, ready = self._pending_at, len(refs), self._ready
-        cap, free, open_packs, bisect_left = self._max_seq_len, self._free, self._open, bisect.bisect_left
-        while at < count and not ready:
-            ref, ids = refs[at], tokens[at]
-            at += 1
-            n = ref[LENGTH_AT]
-            i = bisect_left(free, (n, -1)) if n <= cap else len(free)
-            if i == len(free):  # opens a pack (or is overlong): the general path
-                self._place(ref, ids, None)
-                continue
-            space, number = free.pop(i)
-            pack = open_packs[number]
-            pack.refs.append(ref)
-            pack.tokens.append(ids)
-            if pack.extras is not None:
-                pack.extras.append(None)
-            pack.length += n
-            if space == n:
-                ready.append(open_packs.pop(number))
-            else:
-                bisect.insort(free, (space - n, number))
-        return at
-
-    def _concat_pending(self) -> int:
-        """``concat`` over queued documents without extras: the whole documents that fit in the
-        open pack are appended in one step, then the document that fills it is split."""
-        refs, tokens = self._pending_refs, self._pending_tokens
-        at, count = self._pending_at, len(refs)
-        if at >= count:
-            return at
-        ends = self._pending_ends
-        if ends is None:
-            ends = self._pending_ends = list(itertools.accumulate(ref[LENGTH_AT] for ref in refs))
-        open_packs = self._open
-        if open_packs:
-            pack = next(iter(open_packs.values()))
-        else:
-            pack = Pack()
-            self._open_pack(pack)
-        before = ends[at - 1] if at else 0
-        last = bisect.bisect_left(ends, before + self._max_seq_len - pack.length, lo=at)  # fills the pack
-        whole = min(last, count)
-        if whole > at:
-            pack.refs.extend(refs[at:whole])
-            pack.tokens.extend(tokens[at:whole])
-            if pack.extras is not None:
-                pack.extras.extend([None] * (whole - at))
-            pack.length += ends[whole - 1] - before
-        if whole == count:
-            return count
-        self._add_concat(refs[last], tokens[last], None)
-        return last + 1
-
-    def _open_pack(self, pack: Pack) -> int:
-        number = self._next_number
-        self._next_number += 1
-        self._open[number] = pack
-        return number
-
-    def _add_concat(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None) -> None:
-        cap, open_packs = self._max_seq_len, self._open
-        if open_packs:
-            number, pack = next(iter(open_packs.items()))
-        else:
-            pack = Pack()
-            number = self._open_pack(pack)
-        n = ref[LENGTH_AT]
-        if pack.length + n < cap:  # the common case: the whole document fits with room to spare
-            pack.add(ref, tokens, extra)
-            return
-        offset = 0
-        while offset < n:
-            take = min(cap - pack.length, n - offset)
-            if take == n:
-                pack.add(ref, tokens, extra)
-            else:
-                pack.add(*split_piece(ref, tokens, extra, offset, take))
-            offset += take
-            if pack.length == cap:
-                self._ready.append(open_packs.pop(number))
-                pack = Pack()
-                number = self._open_pack(pack)
-        if pack.length == 0:
-            del open_packs[number]
-
-    def _add_greedy(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None) -> None:
-        cap, open_packs = self._max_seq_len, self._open
-        if open_packs:
-            number, pack = next(iter(open_packs.items()))
-            if pack.length + ref[LENGTH_AT] > cap:
-                self._ready.append(open_packs.pop(number))
-        if open_packs:
-            number, pack = next(iter(open_packs.items()))
-        else:
-            pack = Pack()
-            number = self._open_pack(pack)
-        pack.add(ref, tokens, extra)
-        if pack.length == cap:
-            self._ready.append(open_packs.pop(number))
-
-    def _add_best_fit(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None) -> None:
-        # The open pack with the least free space that holds the piece (oldest on ties).
-        cap, free = self._max_seq_len, self._free
-        n = ref[LENGTH_AT]
-        i = bisect.bisect_left(free, (n, -1))
-        if i < len(free):
-            space, number = free.pop(i)
-            pack = self._open[number]
-            pack.add(ref, tokens, extra)
-            if pack.length == cap:
-                self._ready.append(self._open.pop(number))
-            else:
-                bisect.insort(free, (space - n, number))
-            return
-        pack = Pack()
-        pack.add(ref, tokens, extra)
-        if pack.length == cap:
-            self._ready.append(pack)
-            return
-        bisect.insort(free, (cap - pack.length, self._open_pack(pack)))
-        if len(self._open) > self._buffer_size:  # emit the fullest (oldest on ties)
-            _, number = free.pop(0)
-            self._ready.append(self._open.pop(number))
-
-    def _set_open(self, packs: list[Pack]) -> None:
-        self._open, self._free, self._next_number = {}, [], 0
-        for pack in packs:
-            number = self._open_pack(pack)
-            if self._strategy == "best_fit":
-                self._free.append((self._max_seq_len - pack.length, number))
-        self._free.sort()
 
     # -- packs out -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -450,11 +255,11 @@ class IterablePackedDataset(TuneIterableDataset):
             self._child_exhausted = False
         blocks = self._reads_blocks()
         child_it = None if self._child_exhausted or blocks else iter(self._child)
-        ready, counters = self._ready, self._counters
+        placer, counters = self._placer, self._counters
         unusable = 0
         while True:
-            if ready:
-                pack = ready.popleft()
+            if placer.ready:
+                pack = placer.ready.popleft()
                 counters["packs"] += 1
                 counters["tokens"] += pack.length
                 yield PackedSample(pack)
@@ -463,8 +268,8 @@ class IterablePackedDataset(TuneIterableDataset):
                 self._finished = True
                 return
             if blocks:
-                if self._pending_at < len(self._pending_refs):
-                    self._pack_pending()
+                if self._queue:  # pack queued documents until a pack is ready; the state holds the rest
+                    counters["documents"] += placer.place_from(self._queue)
                     continue
                 if self._read_block():
                     continue
@@ -473,12 +278,11 @@ class IterablePackedDataset(TuneIterableDataset):
                 sample = next(child_it, _END)
             if sample is _END:
                 self._child_exhausted = True
-                ready.extend(p for p in self._open.values() if p.length)
-                self._set_open([])
+                placer.close_all()
                 continue
             piece = self._prepare(sample)
             if piece is not None:
-                self._add(*piece)
+                placer.add(*piece)
                 unusable = 0
                 continue
             unusable += 1
@@ -531,20 +335,24 @@ class IterablePackedDataset(TuneIterableDataset):
             packs.append(pack)
         return packs
 
+    def _set_counters(self, counters: dict[str, Any]) -> None:
+        self._counters.clear()  # in place: the placer counts into the same dict
+        self._counters.update({k: int(v) for k, v in counters.items()})
+
     def _resolve(self) -> None:
         """Pack this shard's share of the pieces held by an old layout (on first use)."""
         if self._remaining is None:
             return
         remaining, self._remaining = self._remaining, None
         shard = current_shard(getattr(self._child, "rank", 0), getattr(self._child, "world_size", 1))
-        self._set_open([])
-        self._ready = collections.deque()
-        self._set_pending([], [], None)
+        self._placer.set_open([])
+        self._placer.ready.clear()
+        self._queue = DocumentQueue()
         if shard.shard_id == 0:
-            self._counters = {k: int(v) for k, v in remaining["counters"].items()}
+            self._set_counters(remaining["counters"])
         for pack in self._packs_from_state(take_pieces(remaining["held"], shard.shard_id, shard.num_shards)):
             for piece in pack.pieces():
-                self._add(*piece)
+                self._placer.add(*piece)
 
     def state_dict(self) -> dict[str, Any]:
         return self.snapshot()()
@@ -558,10 +366,11 @@ class IterablePackedDataset(TuneIterableDataset):
         the loader takes one after every batch and builds the state only when a checkpoint asks.
         """
         self._resolve()
-        held = [(pack, len(pack.refs)) for pack in self._open.values()]
+        held = [(pack, len(pack.refs)) for pack in self._placer.open.values()]
         num_open = len(held)
-        held.extend((pack, len(pack.refs)) for pack in self._ready)
-        pending = (self._pending_refs, self._pending_tokens, self._pending_extras, self._pending_at)
+        held.extend((pack, len(pack.refs)) for pack in self._placer.ready)
+        queue = self._queue
+        pending = (queue.refs, queue.tokens, queue.extras, queue.at)
         fixed = {
             "strategy": self._strategy,
             "max_seq_len": self._max_seq_len,
@@ -592,13 +401,14 @@ class IterablePackedDataset(TuneIterableDataset):
         self._check_settings(own)
         self._child.load_state_dict(own["child"])
         self._remaining = None
-        self._counters = {k: int(v) for k, v in own["counters"].items()}
+        self._set_counters(own["counters"])
         packs = self._packs_from_state(own["packs"])
-        self._set_open(packs[: own["num_open"]])
-        self._ready = collections.deque(packs[own["num_open"] :])
+        self._placer.set_open(packs[: own["num_open"]])
+        self._placer.ready.clear()
+        self._placer.ready.extend(packs[own["num_open"] :])
         pending = [] if own.get("pending") is None else self._packs_from_state(own["pending"])
         pieces = [piece for pack in pending for piece in pack.pieces()]
-        self._set_pending([p[0] for p in pieces], [p[1] for p in pieces], [p[2] for p in pieces])
+        self._queue = DocumentQueue([p[0] for p in pieces], [p[1] for p in pieces], [p[2] for p in pieces])
         self._child_exhausted = bool(own["child_exhausted"])
         self._finished = bool(own["finished"])
 

@@ -1,0 +1,264 @@
+"""Where each document goes: the open and finished packs of one packing strategy.
+
+:class:`PackPlacer` owns the packs being filled and the queue of finished ones; the packer feeds
+it pieces (a reference tuple, a token view and an optional extra, see ``pack_pieces.py``) one at
+a time, or a whole :class:`DocumentQueue` of documents read in a block. For a queue it places
+documents only until a pack is finished, so the packer's state after every pack it hands out
+still describes exactly the position after that pack; the common cases (a document that fits in
+an open ``best_fit`` pack, the run of whole documents that fit in the open ``concat`` pack) are
+placed without a method call per document.
+
+Strategies (their full description is in ``packing.py``): ``greedy`` (next-fit), ``best_fit``
+(the open pack with the least free space that holds the document, oldest on ties; at most
+``buffer_size`` open packs) and ``concat`` (documents back to back, cut at ``max_seq_len``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from lightning_tune_data.streams.pack_pieces import LENGTH_AT, TRUNCATED_AT, Pack, PieceExtra, Reference, split_piece
+
+PieceAdder = Callable[[Reference, np.ndarray, "PieceExtra | None"], None]
+
+
+class DocumentQueue:
+    """Documents read in a block and not placed yet: references, token views, optional extras.
+
+    Args:
+        refs: one piece reference per document, in order.
+        tokens: each document's token view.
+        extras: each document's extra, or ``None`` when no document has one (a plain block).
+    """
+
+    __slots__ = ("refs", "tokens", "extras", "at", "_ends")
+
+    def __init__(self, refs: list[Reference] | None = None, tokens: list[np.ndarray] | None = None,
+                 extras: list[PieceExtra | None] | None = None) -> None:
+        self.refs = refs if refs is not None else []
+        self.tokens = tokens if tokens is not None else []
+        self.extras = extras
+        self.at = 0  # the next document to place
+        self._ends: list[int] | None = None
+
+    def __len__(self) -> int:
+        """Documents not placed yet."""
+        return len(self.refs) - self.at
+
+    def ends(self) -> list[int]:
+        """Cumulative token counts of the queued documents (computed once per queue)."""
+        if self._ends is None:
+            self._ends = list(itertools.accumulate(ref[LENGTH_AT] for ref in self.refs))
+        return self._ends
+
+
+class PackPlacer:
+    """The open packs (by creation number, oldest first) and the finished packs of one strategy.
+
+    Args:
+        strategy: ``"greedy"``, ``"best_fit"`` or ``"concat"``.
+        max_seq_len: the most tokens in one pack.
+        buffer_size: open packs kept by ``best_fit``.
+        overlong: ``"truncate"`` or ``"drop"``: what ``greedy``/``best_fit`` do with a document longer
+            than ``max_seq_len``.
+        counters: the packer's counters; ``overlong_truncated``/``overlong_dropped`` are counted here.
+    """
+
+    def __init__(self, strategy: str, max_seq_len: int, buffer_size: int, overlong: str,
+                 counters: dict[str, int]) -> None:
+        self.strategy = strategy
+        self.max_seq_len = max_seq_len
+        self.buffer_size = buffer_size
+        self.overlong = overlong
+        self.counters = counters
+        self.open: dict[int, Pack] = {}
+        self.free: list[tuple[int, int]] = []  # best_fit: (free space, number) of every open pack, sorted
+        self.next_number = 0
+        self.ready: collections.deque[Pack] = collections.deque()
+        self.add: PieceAdder = self._adder()
+
+    def _adder(self) -> PieceAdder:
+        return {"concat": self._add_concat, "greedy": self._add_greedy, "best_fit": self._add_best_fit}[self.strategy]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["add"]  # a bound method: rebuilt on unpickling
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.add = self._adder()
+
+    # -- open packs ------------------------------------------------------------------------
+    def _open_pack(self, pack: Pack) -> int:
+        number = self.next_number
+        self.next_number += 1
+        self.open[number] = pack
+        return number
+
+    def set_open(self, packs: list[Pack]) -> None:
+        """Replace the open packs (oldest first)."""
+        self.open, self.free, self.next_number = {}, [], 0
+        for pack in packs:
+            number = self._open_pack(pack)
+            if self.strategy == "best_fit":
+                self.free.append((self.max_seq_len - pack.length, number))
+        self.free.sort()
+
+    def close_all(self) -> None:
+        """Finish every open pack that holds tokens (the child stream ended)."""
+        self.ready.extend(pack for pack in self.open.values() if pack.length)
+        self.set_open([])
+
+    # -- one piece ---------------------------------------------------------------------------
+    def place(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None) -> None:
+        """Place one document, applying the overlong policy of ``greedy``/``best_fit``."""
+        limit = self.max_seq_len
+        if self.strategy != "concat" and ref[LENGTH_AT] > limit:
+            if self.overlong == "drop":
+                self.counters["overlong_dropped"] += 1
+                return
+            self.counters["overlong_truncated"] += 1
+            cut = ref[LENGTH_AT] - limit
+            ref, tokens, extra = split_piece(ref, tokens, extra, 0, limit)
+            ref = ref[:TRUNCATED_AT] + (ref[TRUNCATED_AT] + cut,) + ref[TRUNCATED_AT + 1 :]
+        self.add(ref, tokens, extra)
+
+    def _add_concat(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None) -> None:
+        cap, open_packs = self.max_seq_len, self.open
+        if open_packs:
+            number, pack = next(iter(open_packs.items()))
+        else:
+            pack = Pack()
+            number = self._open_pack(pack)
+        n = ref[LENGTH_AT]
+        if pack.length + n < cap:  # the common case: the whole document fits with room to spare
+            pack.add(ref, tokens, extra)
+            return
+        offset = 0
+        while offset < n:
+            take = min(cap - pack.length, n - offset)
+            if take == n:
+                pack.add(ref, tokens, extra)
+            else:
+                pack.add(*split_piece(ref, tokens, extra, offset, take))
+            offset += take
+            if pack.length == cap:
+                self.ready.append(open_packs.pop(number))
+                pack = Pack()
+                number = self._open_pack(pack)
+        if pack.length == 0:
+            del open_packs[number]
+
+    def _add_greedy(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None) -> None:
+        cap, open_packs = self.max_seq_len, self.open
+        if open_packs:
+            number, pack = next(iter(open_packs.items()))
+            if pack.length + ref[LENGTH_AT] > cap:
+                self.ready.append(open_packs.pop(number))
+        if open_packs:
+            number, pack = next(iter(open_packs.items()))
+        else:
+            pack = Pack()
+            number = self._open_pack(pack)
+        pack.add(ref, tokens, extra)
+        if pack.length == cap:
+            self.ready.append(open_packs.pop(number))
+
+    def _add_best_fit(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None) -> None:
+        cap, free = self.max_seq_len, self.free
+        n = ref[LENGTH_AT]
+        i = bisect.bisect_left(free, (n, -1))
+        if i < len(free):
+            space, number = free.pop(i)
+            pack = self.open[number]
+            pack.add(ref, tokens, extra)
+            if pack.length == cap:
+                self.ready.append(self.open.pop(number))
+            else:
+                bisect.insort(free, (space - n, number))
+            return
+        pack = Pack()
+        pack.add(ref, tokens, extra)
+        if pack.length == cap:
+            self.ready.append(pack)
+            return
+        bisect.insort(free, (cap - pack.length, self._open_pack(pack)))
+        if len(self.open) > self.buffer_size:  # emit the fullest (oldest on ties)
+            _, number = free.pop(0)
+            self.ready.append(self.open.pop(number))
+
+    # -- a queue of documents ---------------------------------------------------------------
+    def place_from(self, queue: DocumentQueue) -> int:
+        """Place queued documents until a pack is finished (or the queue is empty); returns how many."""
+        start = queue.at
+        if queue.extras is None and self.strategy == "concat":
+            self._concat_from(queue)
+        elif queue.extras is None and self.strategy == "best_fit":
+            self._best_fit_from(queue)
+        else:
+            refs, tokens, extras, ready, place = queue.refs, queue.tokens, queue.extras, self.ready, self.place
+            while queue.at < len(refs) and not ready:
+                at = queue.at
+                queue.at += 1
+                place(refs[at], tokens[at], None if extras is None else extras[at])
+        return queue.at - start
+
+    def _best_fit_from(self, queue: DocumentQueue) -> None:
+        """:meth:`_add_best_fit` over a plain queue, with the common case inlined."""
+        refs, tokens = queue.refs, queue.tokens
+        at, count, ready = queue.at, len(refs), self.ready
+        cap, free, open_packs, bisect_left = self.max_seq_len, self.free, self.open, bisect.bisect_left
+        while at < count and not ready:
+            ref, ids = refs[at], tokens[at]
+            at += 1
+            n = ref[LENGTH_AT]
+            i = bisect_left(free, (n, -1)) if n <= cap else len(free)
+            if i == len(free):  # opens a pack (or is overlong): the general path
+                self.place(ref, ids, None)
+                continue
+            space, number = free.pop(i)
+            pack = open_packs[number]
+            pack.refs.append(ref)
+            pack.tokens.append(ids)
+            if pack.extras is not None:
+                pack.extras.append(None)
+            pack.length += n
+            if space == n:
+                ready.append(open_packs.pop(number))
+            else:
+                bisect.insort(free, (space - n, number))
+        queue.at = at
+
+    def _concat_from(self, queue: DocumentQueue) -> None:
+        """:meth:`_add_concat` over a plain queue: the run of whole documents that fit in the open
+        pack is appended in one step, then the document that fills it is split."""
+        refs, tokens, at, count = queue.refs, queue.tokens, queue.at, len(queue.refs)
+        if at >= count:
+            return
+        ends = queue.ends()
+        if self.open:
+            pack = next(iter(self.open.values()))
+        else:
+            pack = Pack()
+            self._open_pack(pack)
+        before = ends[at - 1] if at else 0
+        last = bisect.bisect_left(ends, before + self.max_seq_len - pack.length, lo=at)  # fills the pack
+        whole = min(last, count)
+        if whole > at:
+            pack.refs.extend(refs[at:whole])
+            pack.tokens.extend(tokens[at:whole])
+            if pack.extras is not None:
+                pack.extras.extend([None] * (whole - at))
+            pack.length += ends[whole - 1] - before
+        if whole == count:
+            queue.at = count
+            return
+        self._add_concat(refs[last], tokens[last], None)
+        queue.at = last + 1

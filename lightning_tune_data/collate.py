@@ -49,6 +49,9 @@ NEW_DOCUMENT = "new_document"
 #: ``document_ids`` value on padding positions of a packed batch.
 PAD_DOCUMENT_ID = -1
 
+#: Columns kept in the padded collator's per-width caches (they grow for wider batches).
+_CACHED_WIDTH = 1 << 12
+
 #: Keys each per-document provenance entry of a packed sample must have.
 _PACKED_PROVENANCE_KEYS = (SOURCE, EPOCH, TOKENS, NEW_DOCUMENT)
 
@@ -199,6 +202,13 @@ def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, 
     return provenance
 
 
+#: A batch's documents: token ids (truncated), their concatenation, loss masks (``None``: no
+#: sample has one), sources, epochs, truncated_tokens and dropped_before.
+_Documents = tuple[
+    Sequence[Any], np.ndarray, "list[np.ndarray | None] | None", list[str], list[int], list[int], list[int]
+]
+
+
 class PaddedCollator:
     """Pad a list of *document samples* into one batch, one document per row.
 
@@ -238,6 +248,8 @@ class PaddedCollator:
         self.pad_to_multiple_of = _check_optional_positive(
             owner, "pad_to_multiple_of", pad_to_multiple_of
         )
+        self._positions: np.ndarray | None = None
+        self._windows: np.ndarray | None = None
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Collate ``samples`` (document samples, see the class docstring) into a batch.
@@ -252,9 +264,75 @@ class PaddedCollator:
         Raises:
             ValueError: the batch is empty, or a sample misses a field or has a malformed one.
         """
-        owner = type(self).__name__
         if len(samples) == 0:
-            raise ValueError(f"{owner}: cannot collate an empty list of samples.")
+            raise ValueError(f"{type(self).__name__}: cannot collate an empty list of samples.")
+        documents = self._common_documents(samples)
+        if documents is None:
+            documents = self._checked_documents(samples)
+        ids_list, tokens, masks, sources, epochs, truncated, dropped = documents
+        block, lengths = self._block(ids_list, tokens, masks)
+        batch_size = len(ids_list)
+        input_ids, labels, attention_mask, position_ids = block.unbind(0)
+        return {
+            INPUT_IDS: input_ids,
+            LABELS: labels,
+            ATTENTION_MASK: attention_mask,
+            POSITION_IDS: position_ids,
+            PROVENANCE: {
+                SOURCE: sources,
+                EPOCH: epochs,
+                TOKENS: lengths.tolist(),
+                ROW: list(range(batch_size)),
+                NEW_DOCUMENT: [True] * batch_size,
+                TRUNCATED_TOKENS: truncated,
+                DROPPED_BEFORE: dropped,
+            },
+        }
+
+    def _common_documents(self, samples: Sequence[Mapping[str, Any]]) -> _Documents | None:
+        """The documents of the common batch (no loss mask, 1-D integer token ids), checked in bulk.
+
+        ``None`` when anything is unusual: :meth:`_checked_documents` then checks sample by sample
+        and raises the error that names the sample and the field.
+        """
+        try:
+            ids_list = [sample[INPUT_IDS] for sample in samples]
+            sources = [str(sample[SOURCE]) for sample in samples]
+            epochs = [int(sample[EPOCH]) for sample in samples]
+            if any([sample.get(LOSS_MASK) is not None for sample in samples]):
+                return None
+            lengths = list(map(len, ids_list))
+            cap = self.max_seq_len
+            cut = None
+            if cap is not None and max(lengths) > cap:
+                cut = [max(n - cap, 0) for n in lengths]
+                ids_list = [ids[:cap] for ids in ids_list]
+                lengths = [min(n, cap) for n in lengths]
+            dtypes = {ids.dtype for ids in ids_list}
+            tokens = np.concatenate(ids_list)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return None
+        if tokens.dtype.kind not in "iu" or any(dtype.kind not in "iu" for dtype in dtypes) or tokens.ndim != 1 \
+                or tokens.shape[0] != sum(lengths):
+            return None  # not all 1-D integer arrays: the per-sample checks say which sample and why
+        owner = type(self).__name__
+        truncated = [sample.get(TRUNCATED_TOKENS) for sample in samples]
+        if truncated.count(None) == len(truncated):
+            truncated = cut if cut is not None else [0] * len(samples)
+        else:
+            truncated = [_count(owner, i, sample, TRUNCATED_TOKENS) for i, sample in enumerate(samples)]
+            if cut is not None:
+                truncated = [count + extra for count, extra in zip(truncated, cut)]
+        dropped = [sample.get(DROPPED_BEFORE) for sample in samples]
+        if dropped.count(None) == len(dropped):
+            dropped = [0] * len(samples)
+        else:
+            dropped = [_count(owner, i, sample, DROPPED_BEFORE) for i, sample in enumerate(samples)]
+        return ids_list, tokens, None, sources, epochs, truncated, dropped
+
+    def _checked_documents(self, samples: Sequence[Mapping[str, Any]]) -> _Documents:
+        """The documents of any batch, checked sample by sample (clear errors for bad input)."""
+        owner = type(self).__name__
         ids_list: list[np.ndarray] = []
         masks: list[np.ndarray | None] = []
         sources: list[str] = []
@@ -274,6 +352,7 @@ class PaddedCollator:
                         f"{owner}: sample {index} has {ids.shape[0]} input_ids but "
                         f"{mask.shape[0]} loss_mask entries; they must describe the same tokens."
                     )
+                mask = mask.astype(bool, copy=False)
             cut = _count(owner, index, sample, TRUNCATED_TOKENS)
             if self.max_seq_len is not None and ids.shape[0] > self.max_seq_len:
                 cut += ids.shape[0] - self.max_seq_len
@@ -287,45 +366,69 @@ class PaddedCollator:
             epochs.append(int(epoch))
             truncated.append(cut)
             dropped.append(_count(owner, index, sample, DROPPED_BEFORE))
+        # Each document's ids cast to int64 on their own (exactly what a row-by-row copy writes).
+        total = sum(ids.shape[0] for ids in ids_list)
+        tokens = np.concatenate(ids_list, out=np.empty(total, dtype=np.int64), casting="unsafe")
+        return ids_list, tokens, (masks if any(m is not None for m in masks) else None), sources, epochs, truncated, dropped
 
+    def _block(
+        self, ids_list: Sequence[Any], tokens: np.ndarray, masks: Sequence[np.ndarray | None] | None
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """The ``[4, B, L]`` block (input_ids, labels, attention_mask, position_ids) and the lengths.
+
+        ``tokens`` are the documents' ids concatenated; the row-major "real token" mask scatters
+        them into their rows in one pass. Labels are the padded ids shifted by one, copied only
+        where the next position holds a target (a real token, not masked): every document end,
+        padding position and masked target keeps ``-100``.
+        """
         batch_size = len(ids_list)
-        lengths = np.fromiter((ids.shape[0] for ids in ids_list), dtype=np.int64, count=batch_size)
+        lengths = np.fromiter(map(len, ids_list), dtype=np.int64, count=batch_size)
         width = _padded_length(int(lengths.max()), self.pad_to_multiple_of)
-
         # One tensor holds all four outputs: a batch then crosses from a dataloader worker in one
         # shared-memory segment instead of four.
         block = torch.empty((4, batch_size, width), dtype=torch.int64)
         input_ids, labels, attention_mask, position_ids = block.numpy()
-        columns = np.arange(width, dtype=np.int64)
-        real = columns[None, :] < lengths[:, None]  # [B, L]: True on real tokens
+        real = self._real_tokens(lengths, width)  # [B, L]: True on real tokens
         np.copyto(attention_mask, real)
-        np.multiply(columns[None, :], real, out=position_ids)
+        np.multiply(self._columns(width), attention_mask, out=position_ids)
         input_ids.fill(self.pad_id)
+        input_ids[real] = tokens
+        targets = real
+        if masks is not None:
+            targets = np.zeros((batch_size, width), dtype=bool)
+            targets[real] = np.concatenate(
+                [np.ones(len(ids), dtype=bool) if mask is None else mask for ids, mask in zip(ids_list, masks)]
+            )
         labels.fill(IGNORE_INDEX)
-        for row, (ids, mask) in enumerate(zip(ids_list, masks)):
-            # Row by row touches only the real tokens (cheaper than whole-[B, L] mask arithmetic).
-            n = ids.shape[0]
-            input_ids[row, :n] = ids
-            targets = labels[row, : max(n - 1, 0)]  # the same values as shifted_labels(ids, mask)
-            targets[:] = ids[1:]
-            if mask is not None:
-                targets[~mask[1:]] = IGNORE_INDEX
+        np.copyto(labels[:, :-1], input_ids[:, 1:], where=targets[:, 1:])
+        return block, lengths
 
-        return {
-            INPUT_IDS: block[0],
-            LABELS: block[1],
-            ATTENTION_MASK: block[2],
-            POSITION_IDS: block[3],
-            PROVENANCE: {
-                SOURCE: sources,
-                EPOCH: epochs,
-                TOKENS: lengths.tolist(),
-                ROW: list(range(batch_size)),
-                NEW_DOCUMENT: [True] * batch_size,
-                TRUNCATED_TOKENS: truncated,
-                DROPPED_BEFORE: dropped,
-            },
-        }
+    def _columns(self, width: int) -> np.ndarray:
+        """``0..width-1`` from a cached array (no fresh allocation per batch)."""
+        cached = self._positions
+        if cached is None or cached.shape[0] < width:
+            cached = self._positions = np.arange(max(width, _CACHED_WIDTH), dtype=np.int64)
+        return cached[:width]
+
+    def _real_tokens(self, lengths: np.ndarray, width: int) -> np.ndarray:
+        """``[B, width]`` bool: ``True`` at the columns below each row's length.
+
+        Each row is copied from a cached read-only window over ``size`` ``True`` then ``size``
+        ``False`` values (row ``size - n`` starts with ``n`` ``True``), which is cheaper than a
+        broadcast comparison over the whole batch.
+        """
+        window = self._windows
+        if window is None or window.shape[1] < width:
+            size = max(width, _CACHED_WIDTH)
+            base = np.zeros(2 * size, dtype=bool)
+            base[:size] = True
+            window = self._windows = np.lib.stride_tricks.as_strided(
+                base, shape=(size + 1, size), strides=(1, 1), writeable=False
+            )
+        return window[window.shape[1] - lengths, :width]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_positions": None, "_windows": None}  # caches are rebuilt on first use
 
     def __repr__(self) -> str:
         return (

@@ -21,6 +21,7 @@ document pieces; any other packed samples (plain dicts) are validated and copied
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -202,6 +203,11 @@ def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, 
     return provenance
 
 
+#: The fields every document sample has, the optional ones the padded collator reads, a dtype getter.
+_DOCUMENT_FIELDS = operator.itemgetter(INPUT_IDS, SOURCE, EPOCH)
+_OPTIONAL_FIELDS = frozenset((LOSS_MASK, TRUNCATED_TOKENS, DROPPED_BEFORE))
+_DTYPE = operator.attrgetter("dtype")
+
 #: A batch's documents: token ids (truncated), their concatenation, loss masks (``None``: no
 #: sample has one), sources, epochs, truncated_tokens and dropped_before.
 _Documents = tuple[
@@ -296,10 +302,10 @@ class PaddedCollator:
         and raises the error that names the sample and the field.
         """
         try:
-            ids_list = [sample[INPUT_IDS] for sample in samples]
-            sources = [str(sample[SOURCE]) for sample in samples]
-            epochs = [int(sample[EPOCH]) for sample in samples]
-            if any([sample.get(LOSS_MASK) is not None for sample in samples]):
+            ids_list, sources, epochs = zip(*map(_DOCUMENT_FIELDS, samples))
+            sources, epochs = list(map(str, sources)), list(map(int, epochs))
+            optional = _OPTIONAL_FIELDS.intersection(set().union(*samples))
+            if LOSS_MASK in optional and any(sample.get(LOSS_MASK) is not None for sample in samples):
                 return None
             lengths = list(map(len, ids_list))
             cap = self.max_seq_len
@@ -308,7 +314,7 @@ class PaddedCollator:
                 cut = [max(n - cap, 0) for n in lengths]
                 ids_list = [ids[:cap] for ids in ids_list]
                 lengths = [min(n, cap) for n in lengths]
-            dtypes = {ids.dtype for ids in ids_list}
+            dtypes = set(map(_DTYPE, ids_list))
             tokens = np.concatenate(ids_list)
         except (AttributeError, KeyError, TypeError, ValueError):
             return None
@@ -316,18 +322,16 @@ class PaddedCollator:
                 or tokens.shape[0] != sum(lengths):
             return None  # not all 1-D integer arrays: the per-sample checks say which sample and why
         owner = type(self).__name__
-        truncated = [sample.get(TRUNCATED_TOKENS) for sample in samples]
-        if truncated.count(None) == len(truncated):
-            truncated = cut if cut is not None else [0] * len(samples)
-        else:
+        if TRUNCATED_TOKENS in optional:
             truncated = [_count(owner, i, sample, TRUNCATED_TOKENS) for i, sample in enumerate(samples)]
             if cut is not None:
                 truncated = [count + extra for count, extra in zip(truncated, cut)]
-        dropped = [sample.get(DROPPED_BEFORE) for sample in samples]
-        if dropped.count(None) == len(dropped):
-            dropped = [0] * len(samples)
         else:
+            truncated = cut if cut is not None else [0] * len(samples)
+        if DROPPED_BEFORE in optional:
             dropped = [_count(owner, i, sample, DROPPED_BEFORE) for i, sample in enumerate(samples)]
+        else:
+            dropped = [0] * len(samples)
         return ids_list, tokens, None, sources, epochs, truncated, dropped
 
     def _checked_documents(self, samples: Sequence[Mapping[str, Any]]) -> _Documents:

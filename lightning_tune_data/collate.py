@@ -208,10 +208,10 @@ _DOCUMENT_FIELDS = operator.itemgetter(INPUT_IDS, SOURCE, EPOCH)
 _OPTIONAL_FIELDS = frozenset((LOSS_MASK, TRUNCATED_TOKENS, DROPPED_BEFORE))
 _DTYPE = operator.attrgetter("dtype")
 
-#: A batch's documents: token ids (truncated), their concatenation, loss masks (``None``: no
-#: sample has one), sources, epochs, truncated_tokens and dropped_before.
+#: A batch's documents: lengths (after truncation), the token ids concatenated, loss masks
+#: (``None``: no sample has one), sources, epochs, truncated_tokens and dropped_before.
 _Documents = tuple[
-    Sequence[Any], np.ndarray, "list[np.ndarray | None] | None", list[str], list[int], list[int], list[int]
+    list[int], np.ndarray, "list[np.ndarray | None] | None", list[str], list[int], list[int], list[int]
 ]
 
 
@@ -275,9 +275,9 @@ class PaddedCollator:
         documents = self._common_documents(samples)
         if documents is None:
             documents = self._checked_documents(samples)
-        ids_list, tokens, masks, sources, epochs, truncated, dropped = documents
-        block, lengths = self._block(ids_list, tokens, masks)
-        batch_size = len(ids_list)
+        lengths, tokens, masks, sources, epochs, truncated, dropped = documents
+        block = self._block(lengths, tokens, masks)
+        batch_size = len(lengths)
         input_ids, labels, attention_mask, position_ids = block.unbind(0)
         return {
             INPUT_IDS: input_ids,
@@ -287,7 +287,7 @@ class PaddedCollator:
             PROVENANCE: {
                 SOURCE: sources,
                 EPOCH: epochs,
-                TOKENS: lengths.tolist(),
+                TOKENS: lengths,
                 ROW: list(range(batch_size)),
                 NEW_DOCUMENT: [True] * batch_size,
                 TRUNCATED_TOKENS: truncated,
@@ -332,7 +332,7 @@ class PaddedCollator:
             dropped = [_count(owner, i, sample, DROPPED_BEFORE) for i, sample in enumerate(samples)]
         else:
             dropped = [0] * len(samples)
-        return ids_list, tokens, None, sources, epochs, truncated, dropped
+        return lengths, tokens, None, sources, epochs, truncated, dropped
 
     def _checked_documents(self, samples: Sequence[Mapping[str, Any]]) -> _Documents:
         """The documents of any batch, checked sample by sample (clear errors for bad input)."""
@@ -373,21 +373,21 @@ class PaddedCollator:
         # Each document's ids cast to int64 on their own (exactly what a row-by-row copy writes).
         total = sum(ids.shape[0] for ids in ids_list)
         tokens = np.concatenate(ids_list, out=np.empty(total, dtype=np.int64), casting="unsafe")
-        return ids_list, tokens, (masks if any(m is not None for m in masks) else None), sources, epochs, truncated, dropped
+        lengths = [ids.shape[0] for ids in ids_list]
+        return lengths, tokens, (masks if any(m is not None for m in masks) else None), sources, epochs, truncated, dropped
 
     def _block(
-        self, ids_list: Sequence[Any], tokens: np.ndarray, masks: Sequence[np.ndarray | None] | None
-    ) -> tuple[torch.Tensor, np.ndarray]:
-        """The ``[4, B, L]`` block (input_ids, labels, attention_mask, position_ids) and the lengths.
+        self, lengths: list[int], tokens: np.ndarray, masks: Sequence[np.ndarray | None] | None
+    ) -> torch.Tensor:
+        """The ``[4, B, L]`` block: input_ids, labels, attention_mask and position_ids.
 
         ``tokens`` are the documents' ids concatenated; the row-major "real token" mask scatters
         them into their rows in one pass. Labels are the padded ids shifted by one, copied only
         where the next position holds a target (a real token, not masked): every document end,
         padding position and masked target keeps ``-100``.
         """
-        batch_size = len(ids_list)
-        lengths = np.fromiter(map(len, ids_list), dtype=np.int64, count=batch_size)
-        width = _padded_length(int(lengths.max()), self.pad_to_multiple_of)
+        batch_size = len(lengths)
+        width = _padded_length(max(lengths), self.pad_to_multiple_of)
         # One tensor holds all four outputs: a batch then crosses from a dataloader worker in one
         # shared-memory segment instead of four.
         block = torch.empty((4, batch_size, width), dtype=torch.int64)
@@ -401,11 +401,11 @@ class PaddedCollator:
         if masks is not None:
             targets = np.zeros((batch_size, width), dtype=bool)
             targets[real] = np.concatenate(
-                [np.ones(len(ids), dtype=bool) if mask is None else mask for ids, mask in zip(ids_list, masks)]
+                [np.ones(n, dtype=bool) if mask is None else mask for n, mask in zip(lengths, masks)]
             )
         labels.fill(IGNORE_INDEX)
         np.copyto(labels[:, :-1], input_ids[:, 1:], where=targets[:, 1:])
-        return block, lengths
+        return block
 
     def _columns(self, width: int) -> np.ndarray:
         """``0..width-1`` from a cached array (no fresh allocation per batch)."""
@@ -414,7 +414,7 @@ class PaddedCollator:
             cached = self._positions = np.arange(max(width, _CACHED_WIDTH), dtype=np.int64)
         return cached[:width]
 
-    def _real_tokens(self, lengths: np.ndarray, width: int) -> np.ndarray:
+    def _real_tokens(self, lengths: list[int], width: int) -> np.ndarray:
         """``[B, width]`` bool: ``True`` at the columns below each row's length.
 
         Each row is copied from a cached read-only window over ``size`` ``True`` then ``size``
@@ -429,7 +429,7 @@ class PaddedCollator:
             window = self._windows = np.lib.stride_tricks.as_strided(
                 base, shape=(size + 1, size), strides=(1, 1), writeable=False
             )
-        return window[window.shape[1] - lengths, :width]
+        return window[np.subtract(window.shape[1], lengths), :width]
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_positions": None, "_windows": None}  # caches are rebuilt on first use

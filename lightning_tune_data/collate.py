@@ -1,8 +1,9 @@
 """Collators: turn lists of samples into batches of tensors plus a provenance side channel.
 
-Both collators run inside dataloader workers on the hot path, so they work on preallocated
-numpy arrays with one vectorised copy per sample (never a Python loop per token) and hand the
-arrays to torch with ``torch.from_numpy`` (no copy).
+Both collators run inside dataloader workers on the hot path, so they write every output of a
+batch into one preallocated tensor through its numpy views, with a few whole-batch operations
+(never a Python loop per token): the documents' tokens are concatenated once and scattered into
+their rows, labels are the padded ids shifted by one wherever there is a target.
 
 The label contract: ``labels`` are **already shifted**. The label at
 position ``i`` is the token the model must predict at position ``i``, i.e. ``input_ids[i + 1]``
@@ -228,8 +229,8 @@ class PaddedCollator:
     the configured overflow policy earlier, where it can be counted and reported.
 
     Input samples are dicts with ``input_ids`` (1-D int array), optional ``loss_mask`` (1-D bool
-    array, ``True`` = training target), ``source`` (str) and ``epoch`` (int); other keys are
-    ignored. The output also carries ``provenance``: plain lists ``source``, ``epoch``,
+    array, ``True`` = training target; a non-bool mask is read as true/false), ``source`` (str)
+    and ``epoch`` (int); other keys are ignored. The output also carries ``provenance``: plain lists ``source``, ``epoch``,
     ``tokens`` (real tokens of the document in this batch), ``row``, ``new_document``
     (always ``True`` here), ``truncated_tokens`` (the sample's own ``truncated_tokens`` plus any
     tokens cut here) and ``dropped_before`` (the sample's, default 0), one entry per row.

@@ -230,10 +230,11 @@ class PaddedCollator:
 
     Input samples are dicts with ``input_ids`` (1-D int array), optional ``loss_mask`` (1-D bool
     array, ``True`` = training target; a non-bool mask is read as true/false), ``source`` (str)
-    and ``epoch`` (int); other keys are ignored. The output also carries ``provenance``: plain lists ``source``, ``epoch``,
-    ``tokens`` (real tokens of the document in this batch), ``row``, ``new_document``
-    (always ``True`` here), ``truncated_tokens`` (the sample's own ``truncated_tokens`` plus any
-    tokens cut here) and ``dropped_before`` (the sample's, default 0), one entry per row.
+    and ``epoch`` (int); other keys are ignored. The output also carries ``provenance``: plain
+    lists ``source``, ``epoch``, ``tokens`` (real tokens of the document in this batch), ``row``,
+    ``new_document`` (always ``True`` here), ``truncated_tokens`` (the sample's own
+    ``truncated_tokens`` plus any tokens cut here) and ``dropped_before`` (the sample's,
+    default 0), one entry per row.
 
     Args:
         pad_id: token id written on padding positions (the tokenizer's ``pad_id``).
@@ -375,7 +376,8 @@ class PaddedCollator:
         total = sum(ids.shape[0] for ids in ids_list)
         tokens = np.concatenate(ids_list, out=np.empty(total, dtype=np.int64), casting="unsafe")
         lengths = [ids.shape[0] for ids in ids_list]
-        return lengths, tokens, (masks if any(m is not None for m in masks) else None), sources, epochs, truncated, dropped
+        any_mask = any(mask is not None for mask in masks)
+        return lengths, tokens, masks if any_mask else None, sources, epochs, truncated, dropped
 
     def _block(
         self, lengths: list[int], tokens: np.ndarray, masks: Sequence[np.ndarray | None] | None
@@ -390,9 +392,10 @@ class PaddedCollator:
         batch_size = len(lengths)
         width = _padded_length(max(lengths), self.pad_to_multiple_of)
         # One tensor holds all four outputs: a batch then crosses from a dataloader worker in one
-        # shared-memory segment instead of four.
-        block = torch.empty((4, batch_size, width), dtype=torch.int64)
-        input_ids, labels, attention_mask, position_ids = block.numpy()
+        # shared-memory segment instead of four. Allocated by numpy and wrapped once: torch
+        # operations are slow inside the dataloader's per-batch profiling scope.
+        block = np.empty((4, batch_size, width), dtype=np.int64)
+        input_ids, labels, attention_mask, position_ids = block
         real = self._real_tokens(lengths, width)  # [B, L]: True on real tokens
         np.copyto(attention_mask, real)
         np.multiply(self._columns(width), attention_mask, out=position_ids)
@@ -406,7 +409,7 @@ class PaddedCollator:
             )
         labels.fill(IGNORE_INDEX)
         np.copyto(labels[:, :-1], input_ids[:, 1:], where=targets[:, 1:])
-        return block
+        return torch.from_numpy(block)
 
     def _columns(self, width: int) -> np.ndarray:
         """``0..width-1`` from a cached array (no fresh allocation per batch)."""

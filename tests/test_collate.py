@@ -344,8 +344,8 @@ def test_padded_collator_matches_a_row_by_row_reference_bit_for_bit(
             assert rows(batch[key]) == expected[key], key
         assert batch[PROVENANCE] == expected[PROVENANCE]
         # one storage for the four [B, L] outputs (one shared-memory segment from a worker)
-        storages = {batch[key].untyped_storage().data_ptr() for key in (INPUT_IDS, LABELS, ATTENTION_MASK, POSITION_IDS)}
-        assert len(storages) == 1
+        keys = (INPUT_IDS, LABELS, ATTENTION_MASK, POSITION_IDS)
+        assert len({batch[key].untyped_storage().data_ptr() for key in keys}) == 1
 
 
 def test_padded_collator_writes_every_batch_of_only_empty_or_one_token_documents() -> None:
@@ -410,6 +410,20 @@ def test_padded_collator_pickles_small_after_wide_batches() -> None:
     assert len(pickle.dumps(collator)) < 1000  # the caches are rebuilt in the worker, not shipped
     assert rows(restored([doc([3, 4]), doc([5])])[LABELS]) == [[4, X], [X, X]]
 
+
+
+def test_padded_collator_batches_cross_a_worker_process_in_one_shared_storage() -> None:
+    documents = [doc(list(range(i + 1)), source=f"s{i % 2}") for i in range(6)]
+    collator = PaddedCollator(pad_id=PAD, pad_to_multiple_of=4)
+    in_process = [collator(documents[i : i + 3]) for i in (0, 3)]
+    loader = torch.utils.data.DataLoader(documents, batch_size=3, num_workers=1, collate_fn=collator)
+    keys = (INPUT_IDS, LABELS, ATTENTION_MASK, POSITION_IDS)
+    for expected, batch in zip(in_process, loader, strict=True):
+        outputs = [batch[key] for key in keys]
+        assert all(torch.equal(output, expected[key]) for output, key in zip(outputs, keys))
+        assert all(output.is_shared() for output in outputs)
+        assert len({output.untyped_storage().data_ptr() for output in outputs}) == 1
+        assert batch[PROVENANCE] == expected[PROVENANCE]
 
 # ----------------------------------------------------------------------------- PackedCollator
 

@@ -231,3 +231,91 @@ def test_rows_are_read_right_across_many_chunks():
     stream = ArrowSource(chunked, "src", shuffle=False)
     assert rows_of(take(stream, 20)) == list(range(20))
     assert [len(s["input_ids"]) for s in take(ArrowSource(chunked, "src", shuffle=False), 20)] == [1 + i % 7 for i in range(20)]
+
+
+def gappy_table(num_rows: int) -> pa.Table:
+    """Row i holds [i] * n with n = 0 (every 11th row), 9 (overlong for max_seq_len=5) or 1..4."""
+    def length(i: int) -> int:
+        return 0 if i % 11 == 3 else 9 if i % 13 == 5 else 1 + i % 4
+
+    return pa.table({"input_ids": pa.array([[i] * length(i) for i in range(num_rows)], type=pa.list_(pa.int32()))})
+
+
+def described(samples: list[dict]) -> list[tuple]:
+    return [
+        (s["source_row"], s["epoch"], s["input_ids"].tolist(), s.get("truncated_tokens"), s.get("dropped_before"))
+        for s in samples
+    ]
+
+
+@pytest.mark.parametrize("overlong", ["truncate", "drop"])
+def test_state_after_every_document_counts_exactly_the_rows_read_so_far(overlong: str):
+    # 1300 rows: several blocks of reads; empty and overlong rows are skipped (or cut) anywhere in a block.
+    rows = gappy_table(1300)
+    lengths = [len(r) for r in rows.column("input_ids").to_pylist()]
+    stream = ArrowSource(rows, "src", shuffle=False, max_seq_len=5, overlong=overlong)
+    iterator = iter(stream)
+    for _ in range(1700):  # into the second pass
+        sample = next(iterator)
+        row, epoch = sample["source_row"], sample["epoch"]
+        state = stream.state_dict()["src"]
+        assert (state["walk"]["plan"]["epoch"], state["walk"]["plan"]["tail_taken"]) == (epoch, row + 1)
+        before = lengths[: row + 1] if epoch == 0 else lengths + lengths[: row + 1]
+        counters = state["counters"]
+        assert counters["empty_skipped"] == before.count(0)
+        skipped_or_cut = sum(n > 5 for n in before)
+        assert counters["overlong_dropped" if overlong == "drop" else "overlong_truncated"] == skipped_or_cut
+
+
+@pytest.mark.parametrize("stop_at", [0, 1, 2, 300, 450, 451, 452, 903, 1150, 1400])
+def test_resume_from_a_state_taken_mid_block_continues_identically(stop_at: int):
+    reference = ArrowSource(gappy_table(1100), "src", seed=9, max_seq_len=5)
+    iterator = iter(reference)
+    for _ in range(stop_at):
+        next(iterator)
+    state = pickle.loads(pickle.dumps(reference.state_dict()))
+    expected = [next(iterator) for _ in range(600)]  # crosses block and pass boundaries
+
+    resumed = ArrowSource(gappy_table(1100), "src", seed=9, max_seq_len=5)
+    resumed.load_state_dict(state)
+    assert described(take(resumed, 600)) == described(expected)
+    assert resumed.counters == reference.counters
+
+
+def test_taking_the_state_mid_block_does_not_change_what_the_stream_yields():
+    untouched = take(ArrowSource(gappy_table(700), "src", seed=4, max_seq_len=5, overlong="drop"), 1500)
+    observed = ArrowSource(gappy_table(700), "src", seed=4, max_seq_len=5, overlong="drop")
+    iterator, samples = iter(observed), []
+    for _ in range(1500):
+        samples.append(next(iterator))
+        observed.state_dict()
+    assert described(samples) == described(untouched)
+
+
+def test_a_source_pickled_mid_iteration_continues_after_the_documents_read():
+    stream = ArrowSource(gappy_table(900), "src", seed=2, max_seq_len=5)
+    iterator = iter(stream)
+    for _ in range(333):
+        next(iterator)
+    copy = pickle.loads(pickle.dumps(stream))
+    assert described(take(copy, 500)) == described([next(iterator) for _ in range(500)])
+
+
+def test_resume_mid_block_with_a_loss_mask_and_a_transform_continues_identically():
+    def tag(sample):
+        return dict(sample, tagged=True)
+
+    def source():
+        return ArrowSource(table(1200, with_mask=True), "src", seed=1, model_transform=tag, max_seq_len=4)
+
+    reference = source()
+    iterator = iter(reference)
+    for _ in range(700):
+        next(iterator)
+    state = reference.state_dict()
+    expected = [next(iterator) for _ in range(300)]
+    resumed = source()
+    resumed.load_state_dict(state)
+    got = take(resumed, 300)
+    assert described(got) == described(expected)
+    assert [s["loss_mask"].tolist() for s in got] == [s["loss_mask"].tolist() for s in expected]

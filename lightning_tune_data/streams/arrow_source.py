@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import sys
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -120,15 +121,9 @@ class _ListColumn:
 
     def rows(self, indices: np.ndarray) -> list[np.ndarray]:
         """Zero-copy views of several rows (one vectorised chunk lookup for all of them)."""
-        return self.rows_and_lengths(indices)[0]
-
-    def rows_and_lengths(self, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-        """Zero-copy views of several rows and their lengths (one vectorised chunk lookup)."""
         if self._single:
             offsets, values = self._view(0)
-            begins, ends = offsets[indices], offsets[indices + 1]
-            views = [values[b:e] for b, e in zip(begins.tolist(), ends.tolist())]
-            return views, (ends - begins).astype(np.int64, copy=False)
+            return [values[b:e] for b, e in zip(offsets[indices].tolist(), offsets[indices + 1].tolist())]
         chunks = np.searchsorted(self._starts, indices, side="right") - 1
         local = (indices - self._starts[chunks]).tolist()
         cache, views = self._views, []
@@ -136,6 +131,11 @@ class _ListColumn:
             view = cache.get(chunk)
             offsets, values = self._view(chunk) if view is None else view
             views.append(values[offsets[row] : offsets[row + 1]])
+        return views
+
+    def rows_and_lengths(self, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """Zero-copy views of several rows and their lengths."""
+        views = self.rows(indices)
         return views, np.fromiter(map(len, views), dtype=np.int64, count=len(views))
 
     def lengths(self) -> np.ndarray:
@@ -262,6 +262,7 @@ class ArrowSource(TuneIterableDataset):
         self._loss_mask: _ListColumn | None = None
         self._permutations: dict[int, KeyedPermutation] = {}
         self._rows_ahead: tuple[PassPlan, int, np.ndarray] | None = None  # (plan, its taken count, rows)
+        self._cursor: list[Any] | None = None  # [plan, documents of its block read, of them applied to the plan]
 
     # -- contract -------------------------------------------------------------------------
     @property
@@ -282,7 +283,9 @@ class ArrowSource(TuneIterableDataset):
         return self._num_rows // shard.num_shards
 
     def __getstate__(self) -> dict[str, Any]:
+        self._settle()
         state = self.__dict__.copy()
+        state["_cursor"] = None
         state["_input_ids"] = state["_loss_mask"] = None
         state["_permutations"] = {}
         state["_rows_ahead"] = None
@@ -302,6 +305,7 @@ class ArrowSource(TuneIterableDataset):
         return self._walk
 
     def state_dict(self) -> dict[str, Any]:
+        self._settle()
         return {self._name: {_WALK: self._shard_walk().state_dict(), _COUNTERS: self._counters.state_dict()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -313,6 +317,7 @@ class ArrowSource(TuneIterableDataset):
             raise shard_mismatch_error(self._name, walk.shard_id, walk.num_shards, shard)
         self._walk = walk
         self._remaining = None
+        self._cursor = None
         self._counters = SourceCounters.from_state(own[_COUNTERS])
 
     def merge_shard_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -330,6 +335,7 @@ class ArrowSource(TuneIterableDataset):
     def load_global_state(self, global_state: dict[str, Any]) -> None:
         self._remaining = self._own_state(global_state)
         self._walk = None
+        self._cursor = None
 
     def _check_rows(self, walk_state: dict[str, Any]) -> None:
         saved = int(walk_state["num_rows"])
@@ -454,6 +460,7 @@ class ArrowSource(TuneIterableDataset):
                 f"Source '{self._name}' has {self._num_rows} rows, fewer than its {shard.num_shards} shards; lower "
                 "num_workers or add data."
             )
+        self._settle()
         walk = self._shard_walk()
         self._columns()
         while self.num_passes is None or walk.epoch < self.num_passes:
@@ -521,6 +528,13 @@ class ArrowSource(TuneIterableDataset):
             dropped_before,
         )
 
+    def _settle(self) -> None:
+        """Advance the plan past the documents the iterator has consumed (see :meth:`__iter__`)."""
+        cursor = self._cursor
+        if cursor is not None and cursor[1] > cursor[2]:
+            cursor[0].advance(cursor[1] - cursor[2])
+            cursor[2] = cursor[1]
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         shard = current_shard(self.rank, self.world_size)
         if self.rows_per_shard(shard) == 0:
@@ -529,9 +543,11 @@ class ArrowSource(TuneIterableDataset):
                 f"(world_size={shard.world_size} x num_workers={shard.num_workers}). Lower num_workers or "
                 "add data."
             )
+        self._settle()
         walk = self._shard_walk()
         self._columns()
         plain = not self._transforms and self._filter_fn is None
+        name, limit = self._name, self.max_seq_len if self.max_seq_len is not None else sys.maxsize
         while self.num_passes is None or walk.epoch < self.num_passes:
             plan, epoch = walk.plan, walk.epoch
             judged = plan.untouched_fresh and len(plan) > 0
@@ -539,13 +555,23 @@ class ArrowSource(TuneIterableDataset):
             yielded = 0
             while not plan.done:
                 rows = self._upcoming_rows(plan, _BLOCK)
+                row_list = rows.tolist()
                 ids_block = self._input_ids.rows(rows)
+                # The plan advances lazily: the cursor counts the block's documents read so far (yielded or
+                # skipped), and _settle() applies them before anything looks at the state. While suspended
+                # at a yield the state is the same as if the plan had advanced one document at a time.
+                cursor = self._cursor = [plan, 0, 0]
                 mask_block = None if self._loss_mask is None else self._loss_mask.rows(rows)
-                for position, row in enumerate(rows.tolist()):
-                    plan.advance()
-                    sample = {INPUT_IDS: ids_block[position], SOURCE: self._name, EPOCH: epoch, SOURCE_ROW: row}
+                quick = plain and mask_block is None  # a document within the limits is yielded as read
+                for position, row, ids in zip(itertools.count(1), row_list, ids_block):
+                    cursor[1] = position
+                    if quick and 0 < len(ids) <= limit and not self._dropped_since_yield:
+                        yielded += 1
+                        yield {INPUT_IDS: ids, SOURCE: name, EPOCH: epoch, SOURCE_ROW: row}
+                        continue
+                    sample = {INPUT_IDS: ids, SOURCE: name, EPOCH: epoch, SOURCE_ROW: row}
                     if mask_block is not None:
-                        sample[LOSS_MASK] = mask_block[position].astype(bool, copy=False)
+                        sample[LOSS_MASK] = mask_block[position - 1].astype(bool, copy=False)
                     if not plain:
                         sample = self._transformed(sample, row)
                         if sample is None:
@@ -558,6 +584,8 @@ class ArrowSource(TuneIterableDataset):
                         self._dropped_since_yield = 0
                     yielded += 1
                     yield sample
+                cursor[1] = len(row_list)
+                self._settle()
             if judged and yielded == 0:
                 skipped = self._counters.since(before)
                 raise RuntimeError(

@@ -628,8 +628,7 @@ class PackedCollator:
         document_in_pack = self._arange(len(refs)) - first_piece[pack_of_piece]
 
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
-        block = torch.empty((len(fills) + 1, batch_size, width), dtype=torch.int64)
-        views = block.numpy()
+        views = np.empty((len(fills) + 1, batch_size, width), dtype=np.int64)  # wrapped once, below
         full = total == batch_size * width  # every row full (concat): build straight into the outputs
         compact = views[: len(fills)].reshape(len(fills), -1) if full else np.empty((len(fills), total), np.int64)
         tokens, labels, positions, documents = compact
@@ -656,7 +655,7 @@ class PackedCollator:
                 start += n
         seq_lens = np.zeros((batch_size, int(counts.max())), dtype=np.int64)
         seq_lens[pack_of_piece, document_in_pack] = lens
-        planes = block.unbind(0)
+        planes = torch.from_numpy(views).unbind(0)  # torch operations are slow inside the loader's profiling scope
         batch: dict[str, Any] = dict(zip(self._ARRAY_KEYS, planes))
         batch[ATTENTION_MASK] = planes[len(fills)]
         batch[SEQ_LENS] = torch.from_numpy(seq_lens)

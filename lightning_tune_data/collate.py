@@ -29,6 +29,7 @@ import torch
 
 from lightning_tune_data.streams.base import DROPPED_BEFORE, EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, TRUNCATED_TOKENS
 from lightning_tune_data.streams.pack_pieces import PackedSample
+from lightning_tune_data.worker_memory import batch_tensor
 
 #: Label value that the loss ignores (``torch.nn.CrossEntropyLoss``'s default ``ignore_index``).
 IGNORE_INDEX = -100
@@ -293,8 +294,8 @@ class PaddedCollator:
         width = _padded_length(int(lengths.max()), self.pad_to_multiple_of)
 
         # One tensor holds all four outputs: a batch then crosses from a dataloader worker in one
-        # shared-memory segment instead of four.
-        block = torch.empty((4, batch_size, width), dtype=torch.int64)
+        # shared-memory segment instead of four, built there directly (see worker_memory).
+        block = batch_tensor((4, batch_size, width), torch.int64)
         input_ids, labels, attention_mask, position_ids = block.numpy()
         columns = np.arange(width, dtype=np.int64)
         real = columns[None, :] < lengths[:, None]  # [B, L]: True on real tokens

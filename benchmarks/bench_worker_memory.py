@@ -1,22 +1,28 @@
 """Benchmark 11: where the dataloader workers' anonymous memory growth comes from.
 
-``bench_memory.py`` measures the workers' anonymous memory (``rss - shared``) over 1M samples
-(unpacked, 2 workers, batch 64). This benchmark repeats that run next to two controls, each with
-the same number of batches, so that a growth can be attributed:
+``bench_memory.py`` measures the workers' anonymous memory (``rss - shared`` = ``RssAnon``) over
+1M samples (unpacked, 2 workers, batch 64). This benchmark repeats that run next to a "before"
+run and two controls, each with the same number of batches, so that a growth can be attributed:
 
 * ``ours``: ``TextDataModule.train_dataloader()`` (``StatefulDataLoader``, a state snapshot of
-  every worker after every batch, ``ResumableLoader``);
-* ``same stream, plain DataLoader``: the same train stream and collator in a
+  every worker after every batch, ``ResumableLoader``); the collator builds each batch's
+  ``[4, 64, W]`` block directly in shared memory inside a worker (``worker_memory.batch_tensor``);
+* ``ours, batch block in ordinary memory (before)``: the same loader with the block allocated by
+  ``torch.empty`` as before (torch then copies it into shared memory on the way out and frees
+  it: a heap block of a different size every batch, which fragments glibc's heap);
+* ``same stream + collator, plain DataLoader``: the same train stream and collator in a
   ``torch.utils.data.DataLoader`` (no state snapshots);
 * ``transport only``: a ``torch.utils.data.DataLoader`` whose workers yield ready batches of four
   ``[64, W]`` int64 tensors, ``W`` drawn per batch like our padded widths (300..2048), no data work.
 
 Reported per run: the workers' summed anonymous memory after a 2 % warm-up and its peak afterwards
-(growth = peak - warm-up value), sampled every 0.25 s.
+(growth = peak - warm-up value), sampled every 0.25 s; for ours before/after also the run's
+samples/s (the two runs follow each other).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import numpy as np
@@ -37,6 +43,19 @@ class VariableWidthBatches(torch.utils.data.IterableDataset):
             width = int(rng.integers(300, 2049))
             block = torch.ones((4, BATCH, width), dtype=torch.int64)
             yield {"input_ids": block[0], "labels": block[1], "attention_mask": block[2], "position_ids": block[3]}
+
+
+@contextlib.contextmanager
+def heap_batch_blocks():
+    """While active, the collator allocates its batch block with ``torch.empty`` (the earlier behaviour)."""
+    import lightning_tune_data.collate as collate
+
+    shared = collate.batch_tensor
+    collate.batch_tensor = lambda shape, dtype: torch.empty(shape, dtype=dtype)
+    try:
+        yield
+    finally:
+        collate.batch_tensor = shared
 
 
 def _growth(loader, batches: int) -> tuple[float, float, float, str]:
@@ -80,19 +99,28 @@ def run(ctx) -> list[Result]:
                                         collate_fn=dm.train_collator(), prefetch_factor=2)
     transport = torch.utils.data.DataLoader(VariableWidthBatches(), batch_size=None, num_workers=2, prefetch_factor=2)
     runs = {
-        "ours (StatefulDataLoader, snapshot per batch)": lambda: dm.train_dataloader(),
-        "same stream + collator, plain DataLoader": lambda: plain,
-        "transport only: ready [64, W] x4 batches": lambda: transport,
+        "ours, batch block in ordinary memory (before)": (lambda: dm.train_dataloader(), heap_batch_blocks),
+        "ours (StatefulDataLoader, snapshot per batch)": (lambda: dm.train_dataloader(), contextlib.nullcontext),
+        "same stream + collator, plain DataLoader": (lambda: plain, contextlib.nullcontext),
+        "transport only: ready [64, W] x4 batches": (lambda: transport, contextlib.nullcontext),
     }
     measured = {}
-    for name, factory in runs.items():
-        measured[name] = _growth(factory(), batches)
+    for name, (factory, allocation) in runs.items():
+        with allocation():  # workers fork inside the run, so they inherit the allocation in force
+            measured[name] = _growth(factory(), batches)
         log(f"worker memory: {name}: warm {measured[name][0]:.0f} MB, growth {measured[name][1]:+.1f} MB "
             f"in {measured[name][2]:.0f}s")
     config = f"workers 2, bs {BATCH}, {batches * BATCH:,} samples"
     results = []
     for name, (warm, growth, seconds, curve) in measured.items():
+        ours = name.startswith("ours (")
         results.append(Result("11 worker memory", f"{name}, {config}", "workers anonymous growth", growth, "MB",
-                              "workers anonymous after warm-up", warm, "< 50 MB" if name.startswith("ours") else "",
-                              (growth < 50) if name.startswith("ours") else None, note=f"{seconds:.0f}s; {curve}"))
+                              "workers anonymous after warm-up", warm, "< 50 MB" if ours else "",
+                              (growth < 50) if ours else None,
+                              note=f"{seconds:.0f}s, {batches * BATCH / seconds:,.0f} samples/s; {curve}"))
+    before, after = (measured[name] for name in list(runs)[:2])
+    results.append(Result("11 worker memory", f"ours, {config}", "run throughput", batches * BATCH / after[2],
+                          "samples/s", "batch block in ordinary memory (before)", batches * BATCH / before[2],
+                          note="the two runs follow each other; growth before "
+                               f"{before[1]:+.1f} MB, after {after[1]:+.1f} MB"))
     return results

@@ -40,6 +40,7 @@ from lightning_tune_data.streams.pack_pieces import (
     Pack,
     PackedSample,
 )
+from lightning_tune_data.worker_memory import batch_tensor
 
 #: Label value that the loss ignores (``torch.nn.CrossEntropyLoss``'s default ``ignore_index``).
 IGNORE_INDEX = -100
@@ -401,9 +402,9 @@ class PaddedCollator:
         batch_size = len(lengths)
         width = _padded_length(max(lengths), self.pad_to_multiple_of)
         # One tensor holds all four outputs: a batch then crosses from a dataloader worker in one
-        # shared-memory segment instead of four. Allocated by numpy and wrapped once: torch
-        # operations are slow inside the dataloader's per-batch profiling scope.
-        block = np.empty((4, batch_size, width), dtype=np.int64)
+        # shared-memory segment instead of four, built there directly (see worker_memory).
+        tensor = batch_tensor((4, batch_size, width), torch.int64)
+        block = tensor.numpy()
         input_ids, labels, attention_mask, position_ids = block
         real = self._real_tokens(lengths, width)  # [B, L]: True on real tokens
         np.copyto(attention_mask, real)
@@ -418,7 +419,7 @@ class PaddedCollator:
             )
         labels.fill(IGNORE_INDEX)
         np.copyto(labels[:, :-1], input_ids[:, 1:], where=targets[:, 1:])
-        return torch.from_numpy(block)
+        return tensor
 
     def _columns(self, width: int) -> np.ndarray:
         """``0..width-1`` from a cached array (no fresh allocation per batch)."""
@@ -567,7 +568,7 @@ class PackedCollator:
 
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
         # One tensor holds every [B, L] output (one shared-memory segment per batch from a worker).
-        block = torch.empty((len(fills) + 1, batch_size, width), dtype=torch.int64)
+        block = batch_tensor((len(fills) + 1, batch_size, width), torch.int64)
         views = block.numpy()
         outputs = list(views[: len(fills)])
         attention_mask = views[len(fills)]
@@ -628,7 +629,8 @@ class PackedCollator:
         document_in_pack = self._arange(len(refs)) - first_piece[pack_of_piece]
 
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
-        views = np.empty((len(fills) + 1, batch_size, width), dtype=np.int64)  # wrapped once, below
+        block = batch_tensor((len(fills) + 1, batch_size, width), torch.int64)
+        views = block.numpy()
         full = total == batch_size * width  # every row full (concat): build straight into the outputs
         compact = views[: len(fills)].reshape(len(fills), -1) if full else np.empty((len(fills), total), np.int64)
         tokens, labels, positions, documents = compact
@@ -655,7 +657,7 @@ class PackedCollator:
                 start += n
         seq_lens = np.zeros((batch_size, int(counts.max())), dtype=np.int64)
         seq_lens[pack_of_piece, document_in_pack] = lens
-        planes = torch.from_numpy(views).unbind(0)  # torch operations are slow inside the loader's profiling scope
+        planes = block.unbind(0)
         batch: dict[str, Any] = dict(zip(self._ARRAY_KEYS, planes))
         batch[ATTENTION_MASK] = planes[len(fills)]
         batch[SEQ_LENS] = torch.from_numpy(seq_lens)

@@ -119,15 +119,12 @@ def tokenize_text(
     texts = _column(examples, text_column, "text_column")
     prefix = [tokenizer.bos_id] if add_bos else []
     suffix = [tokenizer.eos_id] if add_eos else []
+    if not set(map(type, texts)) <= {str}:  # the common case (plain strings) needs no per-row check
+        texts = [_text(text, text_column, row) for row, text in enumerate(texts)]
     encode_batch = getattr(tokenizer, "encode_batch", None)
     if encode_batch is not None:  # one call for the whole batch (parallel in the tokenizers library)
-        encoded = encode_batch([_text(text, text_column, row) for row, text in enumerate(texts)])
-        return {"input_ids": [prefix + list(ids) + suffix for ids in encoded]}
-    input_ids = [
-        prefix + list(tokenizer.encode(_text(text, text_column, row))) + suffix
-        for row, text in enumerate(texts)
-    ]
-    return {"input_ids": input_ids}
+        return {"input_ids": [[*prefix, *ids, *suffix] for ids in encode_batch(texts)]}
+    return {"input_ids": [[*prefix, *tokenizer.encode(text), *suffix] for text in texts]}
 
 
 def tokenize_prompt_completion(

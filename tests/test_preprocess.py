@@ -45,6 +45,13 @@ def test_tokenize_text_non_string_row_raises_naming_its_type() -> None:
     assert "got int" in str(info.value)
 
 
+def test_tokenize_text_accepts_str_subclasses_like_plain_strings() -> None:
+    class Text(str):
+        pass
+
+    assert tokenize_text({"text": [Text("ab"), "c"]}, TOK) == {"input_ids": [[BOS, 97, 98, EOS], [BOS, 99, EOS]]}
+
+
 def test_tokenize_text_missing_column_lists_available_columns_and_the_kwarg() -> None:
     with pytest.raises(MissingColumnError) as info:
         tokenize_text({"body": ["x"], "id": [1]}, TOK)

@@ -126,6 +126,27 @@ def test_tokenizer_file_encode_batch_matches_encode_per_text(tokenizer_json: Pat
     assert tokenizer.encode_batch([]) == []
 
 
+def test_tokenizer_file_encode_batch_gives_the_library_batch_encoder_ids_without_the_template(
+    tokenizer_json: Path, raw_tokenizer: RawTokenizer
+) -> None:
+    tokenizer = TokenizerFileTokenizer(str(tokenizer_json))
+    library = [encoding.ids for encoding in raw_tokenizer.encode_batch(TEXTS, add_special_tokens=False)]
+    templated = [encoding.ids for encoding in raw_tokenizer.encode_batch(TEXTS)]
+
+    assert tokenizer.encode_batch(TEXTS) == library
+    assert tokenizer.encode_batch(tuple(TEXTS)) == library  # any sequence of texts
+    assert library != templated  # the template would have added <s> ... </s>
+
+
+def test_tokenize_text_with_a_batch_encoder_names_a_none_row(tokenizer_json: Path) -> None:
+    from lightning_tune_data.preprocess import RowError, tokenize_text
+
+    tokenizer = TokenizerFileTokenizer(str(tokenizer_json))
+    with pytest.raises(RowError) as info:
+        tokenize_text({"text": ["hello", "world", None]}, tokenizer)
+    assert (info.value.column, info.value.row) == ("text", 2)
+
+
 def test_tokenize_text_with_a_batch_encoder_equals_the_per_text_path(tokenizer_json: Path) -> None:
     from lightning_tune_data.preprocess import tokenize_text
 

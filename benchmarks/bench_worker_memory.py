@@ -48,7 +48,7 @@ class VariableWidthBatches(torch.utils.data.IterableDataset):
 @contextlib.contextmanager
 def heap_batch_blocks():
     """While active, the collator allocates its batch block with ``torch.empty`` (the earlier behaviour)."""
-    import lightning_tune_data.collate as collate
+    import lightning_tune_data.collate_padded as collate
 
     shared = collate.batch_tensor
     collate.batch_tensor = lambda shape, dtype: torch.empty(shape, dtype=dtype)

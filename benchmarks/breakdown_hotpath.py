@@ -8,7 +8,9 @@ CPU microseconds per batch (``time.process_time``, so load from other processes 
 each component called on its own, same cache as the suite: the stream producing one batch's
 samples, the collator, the record of the stream's state the loader takes after every batch (a lazy
 ``snapshot`` where the stream has one, else ``state_dict``), and the whole batch
-through ``train_dataloader()``; the difference is the loader's own overhead. The blocks reader of
+through ``train_dataloader()``; the difference is the loader's own work plus what the components
+miss by being timed one at a time on data already in the CPU caches (in the real loop every batch
+reads fresh documents). The blocks reader of
 ``bench_hotpath.py`` is timed the same way for scale.
 """
 
@@ -45,7 +47,7 @@ def main() -> int:
     parquet = args.data_dir / f"tokens_{args.token_docs}.parquet"
     common.write_token_parquet(parquet, args.token_docs)
     cache = args.data_dir / f"cache_{args.token_docs}"
-    rows = ["| path | batch | samples from the stream | collate | state after the batch | whole batch via train_dataloader() | loader overhead |",
+    rows = ["| path | batch | samples from the stream | collate | state after the batch | whole batch via train_dataloader() | rest: loader and cold caches |",
             "|---|---|---:|---:|---:|---:|---:|"]
     for name, packing, batch in (("packed concat", "concat", PACKED_BATCH), ("packed best_fit", "best_fit", PACKED_BATCH),
                                  ("unpacked", None, 16)):

@@ -8,11 +8,9 @@ from typing import Any
 import numpy as np
 
 from lightning_tune_data.streams.base import DROPPED_BEFORE, EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, TRUNCATED_TOKENS
+from lightning_tune_data.streams.pack_pieces import IGNORE_INDEX, document_labels
 
-__all__ = ["DROPPED_BEFORE", "EPOCH", "INPUT_IDS", "LOSS_MASK", "SOURCE", "TRUNCATED_TOKENS"]
-
-#: Label value that the loss ignores (``torch.nn.CrossEntropyLoss``'s default ``ignore_index``).
-IGNORE_INDEX = -100
+__all__ = ["DROPPED_BEFORE", "EPOCH", "IGNORE_INDEX", "INPUT_IDS", "LOSS_MASK", "SOURCE", "TRUNCATED_TOKENS"]
 
 #: Batch keys.
 LABELS = "labels"
@@ -30,7 +28,7 @@ NEW_DOCUMENT = "new_document"
 #: ``document_ids`` value on padding positions of a packed batch.
 PAD_DOCUMENT_ID = -1
 
-#: Columns kept in the padded collator's per-width caches (they grow for wider batches).
+#: Columns kept in the collators' per-width caches (they grow for wider batches).
 _CACHED_WIDTH = 1 << 12
 
 #: Keys each per-document provenance entry of a packed sample must have.
@@ -59,10 +57,7 @@ def shifted_labels(input_ids: np.ndarray, loss_mask: np.ndarray | None = None) -
     ids = np.asarray(input_ids)
     if ids.ndim != 1:
         raise ValueError(f"shifted_labels: input_ids must be 1-D, got shape {ids.shape}.")
-    labels = np.full(ids.shape[0], IGNORE_INDEX, dtype=np.int64)
-    if ids.shape[0] == 0:
-        return labels
-    labels[:-1] = ids[1:]
+    mask = None
     if loss_mask is not None:
         mask = np.asarray(loss_mask, dtype=bool)
         if mask.shape != ids.shape:
@@ -70,8 +65,7 @@ def shifted_labels(input_ids: np.ndarray, loss_mask: np.ndarray | None = None) -
                 f"shifted_labels: loss_mask has shape {mask.shape} but input_ids has shape "
                 f"{ids.shape}; they must describe the same tokens."
             )
-        labels[:-1][~mask[1:]] = IGNORE_INDEX
-    return labels
+    return document_labels(ids, mask)
 
 
 def _check_optional_positive(owner: str, name: str, value: int | None) -> int | None:
@@ -134,3 +128,29 @@ def _required(owner: str, index: int, sample: Mapping[str, Any], key: str, what:
         raise ValueError(
             f"{owner}: sample {index} has no {key!r} field (keys: {sorted(sample)}); {what}"
         ) from None
+
+
+class ArangeCache:
+    """``0..n-1`` as views of one cached array, regrown when a longer range is asked for: no
+    allocation per batch. It pickles empty (a collator crossing to a worker carries no cache)."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self) -> None:
+        self._values: np.ndarray | None = None
+
+    def __call__(self, n: int) -> np.ndarray:
+        values = self._values
+        if values is None or values.shape[0] < n:
+            values = self._values = np.arange(max(n, _CACHED_WIDTH), dtype=np.int64)
+        return values[:n]
+
+    def __reduce__(self) -> tuple:
+        return (ArangeCache, ())
+
+
+def checked_collator_options(owner: str, pad_id: int, max_seq_len: int | None,
+                             pad_to_multiple_of: int | None) -> tuple[int, int | None, int | None]:
+    """``(pad_id, max_seq_len, pad_to_multiple_of)`` after the checks every collator applies."""
+    return (_check_pad_id(owner, pad_id), _check_optional_positive(owner, "max_seq_len", max_seq_len),
+            _check_optional_positive(owner, "pad_to_multiple_of", pad_to_multiple_of))

@@ -26,8 +26,8 @@ from lightning_tune_data.collate_base import (
     SOURCE,
     TOKENS,
     TRUNCATED_TOKENS,
-    _check_optional_positive,
-    _check_pad_id,
+    ArangeCache,
+    checked_collator_options,
     _one_d,
     _padded_length,
     _required,
@@ -104,12 +104,10 @@ class PackedCollator:
         max_seq_len: int | None = None,
         pad_to_multiple_of: int | None = None,
     ) -> None:
-        owner = type(self).__name__
-        self.pad_id = _check_pad_id(owner, pad_id)
-        self.max_seq_len = _check_optional_positive(owner, "max_seq_len", max_seq_len)
-        self.pad_to_multiple_of = _check_optional_positive(
-            owner, "pad_to_multiple_of", pad_to_multiple_of
+        self.pad_id, self.max_seq_len, self.pad_to_multiple_of = checked_collator_options(
+            type(self).__name__, pad_id, max_seq_len, pad_to_multiple_of
         )
+        self._arange = ArangeCache()
 
     def _validated(
         self, index: int, sample: Mapping[str, Any]
@@ -204,13 +202,6 @@ class PackedCollator:
         batch[SEQ_LENS] = torch.from_numpy(seq_lens)
         batch[PROVENANCE] = packed_provenance([v[2] for v in validated])
         return batch
-
-    def _arange(self, n: int) -> np.ndarray:
-        """``0..n-1`` from a cached array (no fresh allocation per batch)."""
-        cached = getattr(self, "_positions", None)
-        if cached is None or cached.shape[0] < n:
-            cached = self._positions = np.arange(max(n, 1 << 12), dtype=np.int64)
-        return cached[:n]
 
     def _collate_packs(self, packs: list[Pack]) -> dict[str, Any]:
         """The batch of the packer's own packs, built in bulk from their pieces.

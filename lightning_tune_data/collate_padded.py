@@ -25,8 +25,8 @@ from lightning_tune_data.collate_base import (
     SOURCE,
     TOKENS,
     TRUNCATED_TOKENS,
-    _check_optional_positive,
-    _check_pad_id,
+    ArangeCache,
+    checked_collator_options,
     _count,
     _one_d,
     _padded_length,
@@ -80,13 +80,10 @@ class PaddedCollator:
         max_seq_len: int | None = None,
         pad_to_multiple_of: int | None = None,
     ) -> None:
-        owner = type(self).__name__
-        self.pad_id = _check_pad_id(owner, pad_id)
-        self.max_seq_len = _check_optional_positive(owner, "max_seq_len", max_seq_len)
-        self.pad_to_multiple_of = _check_optional_positive(
-            owner, "pad_to_multiple_of", pad_to_multiple_of
+        self.pad_id, self.max_seq_len, self.pad_to_multiple_of = checked_collator_options(
+            type(self).__name__, pad_id, max_seq_len, pad_to_multiple_of
         )
-        self._positions: np.ndarray | None = None
+        self._columns = ArangeCache()
         self._windows: np.ndarray | None = None
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -241,13 +238,6 @@ class PaddedCollator:
         np.copyto(labels[:, :-1], input_ids[:, 1:], where=targets[:, 1:])
         return tensor
 
-    def _columns(self, width: int) -> np.ndarray:
-        """``0..width-1`` from a cached array (no fresh allocation per batch)."""
-        cached = self._positions
-        if cached is None or cached.shape[0] < width:
-            cached = self._positions = np.arange(max(width, _CACHED_WIDTH), dtype=np.int64)
-        return cached[:width]
-
     def _real_tokens(self, lengths: list[int], width: int) -> np.ndarray:
         """``[B, width]`` bool: ``True`` at the columns below each row's length.
 
@@ -266,7 +256,7 @@ class PaddedCollator:
         return window[np.subtract(window.shape[1], lengths), :width]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_positions": None, "_windows": None}  # caches are rebuilt on first use
+        return {**self.__dict__, "_windows": None}  # caches are rebuilt on first use
 
     def __repr__(self) -> str:
         return (

@@ -19,7 +19,7 @@ in this piece).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -179,7 +179,7 @@ class PackedSample(Mapping):
 
 
 def references_to_state(refs: list[Reference], pack_pieces: list[int],
-                        inline_pieces: Iterator[tuple[int, np.ndarray, PieceExtra | None]] = iter(())) -> dict[str, Any]:
+                        inline_pieces: Iterable[tuple[int, np.ndarray, PieceExtra | None]] = ()) -> dict[str, Any]:
     """Piece references as the state's columns: one transpose, plain Python values only.
 
     Args:

@@ -451,7 +451,7 @@ def _held_state(held: list[tuple[Pack, int]]) -> dict[str, Any]:
                 if ref[ROW_AT] == NOT_REREADABLE:
                     inline.append((position, tokens, extra))
                 position += 1
-    return references_to_state(refs, [count for _, count in held], iter(inline))
+    return references_to_state(refs, [count for _, count in held], inline)
 
 
 def _pending_state(refs: list[Reference], tokens: list[np.ndarray], extras: list[PieceExtra | None] | None,
@@ -462,4 +462,4 @@ def _pending_state(refs: list[Reference], tokens: list[np.ndarray], extras: list
     if extras is not None:  # loaded from a state: may hold pieces that can't be re-read
         inline = [(i, piece_tokens, extra) for i, (ref, piece_tokens, extra) in
                   enumerate(zip(refs, tokens[at:], extras[at:])) if ref[ROW_AT] == NOT_REREADABLE]
-    return references_to_state(refs, [len(refs)], iter(inline))
+    return references_to_state(refs, [len(refs)], inline)

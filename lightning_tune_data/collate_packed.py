@@ -206,11 +206,11 @@ class PackedCollator:
     def _collate_packs(self, packs: list[Pack]) -> dict[str, Any]:
         """The batch of the packer's own packs, built in bulk from their pieces.
 
-        One concatenation gathers every piece's tokens; labels are that stream shifted by one
-        with ``-100`` at every piece's end; ``position_ids``/``document_ids`` come from the piece
-        lengths (repeat); provenance is one transpose of the pieces'
-        references. Rows shorter than the batch are copied into place row by row. Same batch as
-        the per-sample path, bit for bit.
+        Each row's tokens are one concatenation of its pieces, written in place; labels are the
+        rows shifted by one with ``-100`` at every piece's end; ``position_ids``/``document_ids``
+        come from the piece lengths by one repeat over the whole block, where each row's padding
+        is one more segment; provenance is one transpose of the pieces' references. Same batch
+        as the per-sample path, bit for bit.
         """
         owner = type(self).__name__
         batch_size = len(packs)
@@ -223,43 +223,50 @@ class PackedCollator:
             )
         width = _padded_length(longest, self.pad_to_multiple_of)
         refs = [ref for pack in packs for ref in pack.refs]
+        pieces = len(refs)
         counts = np.array([len(pack.refs) for pack in packs], dtype=np.int64)
         columns = tuple(zip(*refs))
         lens_list = columns[LENGTH_AT]
         lens = np.array(lens_list, dtype=np.int64)
-        total = sum(pack_lengths)
-        piece_ends = np.cumsum(lens)
+        arange = self._arange
+        pack_of_piece = np.repeat(arange(batch_size), counts)
         first_piece = np.cumsum(counts) - counts
-        pack_of_piece = np.repeat(self._arange(batch_size), counts)
-        document_in_pack = self._arange(len(refs)) - first_piece[pack_of_piece]
+        document_in_pack = arange(pieces) - first_piece[pack_of_piece]
+
+        # Segments of the flattened [B, width] block: each row's pieces, then its padding.
+        pad_at = first_piece + counts + arange(batch_size)
+        piece_at = arange(pieces) + pack_of_piece
+        segment_lens = np.empty(pieces + batch_size, dtype=np.int64)
+        segment_lens[piece_at] = lens
+        segment_lens[pad_at] = width - np.array(pack_lengths, dtype=np.int64)
+        segment_documents = np.empty(pieces + batch_size, dtype=np.int64)
+        segment_documents[piece_at] = document_in_pack
+        segment_documents[pad_at] = PAD_DOCUMENT_ID
+        segment_starts = np.cumsum(segment_lens) - segment_lens
+        piece_starts = segment_starts[piece_at]
 
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
         block = batch_tensor((len(fills) + 1, batch_size, width), torch.int64)
         views = block.numpy()
-        full = total == batch_size * width  # every row full (concat): build straight into the outputs
-        compact = views[: len(fills)].reshape(len(fills), -1) if full else np.empty((len(fills), total), np.int64)
-        tokens, labels, positions, documents = compact
-        np.concatenate([piece for pack in packs for piece in pack.tokens], out=tokens, casting="same_kind")
-        labels[:-1] = tokens[1:]
-        labels[piece_ends - 1] = IGNORE_INDEX
+        tokens, labels = views[0], views[1]
+        for row, (pack, n) in enumerate(zip(packs, pack_lengths)):
+            np.concatenate(pack.tokens, out=tokens[row, :n], casting="same_kind")
+        labels[:, :-1] = tokens[:, 1:]
+        flat_labels = labels.reshape(-1)
+        flat_labels[piece_starts + lens - 1] = IGNORE_INDEX
         for pack, first in zip(packs, first_piece.tolist()):
             if pack.extras is not None:  # a masked document carries its own labels
                 for index, extra in enumerate(pack.extras, start=first):
                     if extra is not None and extra.labels is not None:
-                        end = int(piece_ends[index])
-                        labels[end - lens_list[index] : end] = extra.labels
-        np.subtract(self._arange(total), np.repeat(piece_ends - lens, lens), out=positions)
-        documents[:] = np.repeat(document_in_pack, lens)
-        if full:
-            views[len(fills)].fill(1)
-        else:
-            padding = np.array((*fills, 0), dtype=np.int64)[:, None]
-            start = 0
-            for row, n in enumerate(pack_lengths):
-                views[: len(fills), row, :n] = compact[:, start : start + n]
-                views[len(fills), row, :n] = 1
+                        start = int(piece_starts[index])
+                        flat_labels[start : start + lens_list[index]] = extra.labels
+        np.subtract(arange(batch_size * width), np.repeat(segment_starts, segment_lens), out=views[2].reshape(-1))
+        views[3].reshape(-1)[:] = np.repeat(segment_documents, segment_lens)
+        views[len(fills)].fill(1)
+        padding = np.array((*fills, 0), dtype=np.int64)[:, None]
+        for row, n in enumerate(pack_lengths):
+            if n < width:
                 views[:, row, n:] = padding
-                start += n
         seq_lens = np.zeros((batch_size, int(counts.max())), dtype=np.int64)
         seq_lens[pack_of_piece, document_in_pack] = lens
         planes = block.unbind(0)

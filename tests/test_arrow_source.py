@@ -267,6 +267,41 @@ def test_state_after_every_document_counts_exactly_the_rows_read_so_far(overlong
         assert counters["overlong_dropped" if overlong == "drop" else "overlong_truncated"] == skipped_or_cut
 
 
+@pytest.mark.parametrize("overlong", ["truncate", "drop"])
+def test_state_after_part_of_a_block_equals_the_state_after_reading_that_many_documents(overlong: str):
+    # Blocks of 97 rows over 700 gappy rows, shuffled, into the third pass: after every k documents of
+    # every block, the block's state equals the state of the same source read one document at a time.
+    rows = gappy_table(700)
+    by_block = ArrowSource(rows, "src", seed=3, max_seq_len=5, overlong=overlong)
+    by_document = ArrowSource(rows, "src", seed=3, max_seq_len=5, overlong=overlong)
+    documents = iter(by_document)
+    checked = 0
+    for _ in range(20):
+        block = by_block.read_block(97)
+        if block.start_state["src"]["walk"]["plan"]["tail_taken"]:  # (at a new pass: the same place, said differently)
+            assert by_block.state_after_block(block, 0) == by_document.state_dict()
+        for k in range(1, len(block.rows) + 1):
+            sample = next(documents)
+            assert (sample["source_row"], sample["epoch"]) == (block.rows[k - 1], block.epoch)
+            assert by_block.state_after_block(block, k) == by_document.state_dict()
+            checked += 1
+    assert checked > 1400  # past two passes
+    resumed = ArrowSource(rows, "src", seed=3, max_seq_len=5, overlong=overlong)
+    resumed.load_state_dict(json.loads(json.dumps(by_block.state_after_block(block, 40))))
+    assert described(take(resumed, 30)) == described([s for s in take_after(block, rows, overlong, 40, 30)])
+
+
+def take_after(block, rows: pa.Table, overlong: str, done: int, count: int) -> list[dict]:
+    """``count`` documents read one at a time from a fresh source after ``done`` documents of ``block``."""
+    stream = ArrowSource(rows, "src", seed=3, max_seq_len=5, overlong=overlong)
+    iterator = iter(stream)
+    while True:
+        sample = next(iterator)
+        if (sample["source_row"], sample["epoch"]) == (block.rows[done - 1], block.epoch):
+            break
+    return [next(iterator) for _ in range(count)]
+
+
 @pytest.mark.parametrize("stop_at", [0, 1, 2, 300, 450, 451, 452, 903, 1150, 1400])
 def test_resume_from_a_state_taken_mid_block_continues_identically(stop_at: int):
     reference = ArrowSource(gappy_table(1100), "src", seed=9, max_seq_len=5)

@@ -153,18 +153,30 @@ class DocumentBlock:
         rows: each document's row in the source.
         truncated_tokens: tokens cut from each document by the length policy.
         dropped_before: overlong documents dropped before each document since the previous one.
+        start_state: the source's state just before the block was read.
+        read_lengths: the length of every row read for the block, before the length policy.
+        kept: the position among the rows read of each document in the block.
+
+    With the last three, :meth:`ArrowSource.state_after_block` gives the source's state after any
+    number of the block's documents, so a reader that holds documents of a block saves positions,
+    not documents.
     """
 
-    __slots__ = ("source", "epoch", "input_ids", "rows", "truncated_tokens", "dropped_before")
+    __slots__ = ("source", "epoch", "input_ids", "rows", "truncated_tokens", "dropped_before", "start_state",
+                 "read_lengths", "kept")
 
     def __init__(self, source: str, epoch: int, input_ids: list[np.ndarray], rows: list[int],
-                 truncated_tokens: list[int], dropped_before: list[int]) -> None:
+                 truncated_tokens: list[int], dropped_before: list[int], start_state: dict[str, Any] | None = None,
+                 read_lengths: np.ndarray | None = None, kept: np.ndarray | None = None) -> None:
         self.source = source
         self.epoch = epoch
         self.input_ids = input_ids
         self.rows = rows
         self.truncated_tokens = truncated_tokens
         self.dropped_before = dropped_before
+        self.start_state = start_state
+        self.read_lengths = read_lengths
+        self.kept = kept
 
     def references(self) -> list[tuple]:
         """Per document ``(source, row, epoch, 0, length, True, truncated_tokens, dropped_before)``,
@@ -478,15 +490,16 @@ class ArrowSource(TuneIterableDataset):
                 walk.next_pass()
                 continue
             rows = self._upcoming_rows(plan, limit)
+            start_state = self.state_dict()
             plan.advance(len(rows))
-            block = self._block_of(rows, epoch)
+            block = self._block_of(rows, epoch, start_state)
             if block is not None:
                 if self._block_pass is not None and self._block_pass[0] == epoch:
                     self._block_pass[1] += len(block.rows)
                 return block
         return None
 
-    def _block_of(self, rows: np.ndarray, epoch: int) -> DocumentBlock | None:
+    def _block_of(self, rows: np.ndarray, epoch: int, start_state: dict[str, Any]) -> DocumentBlock | None:
         """The documents at ``rows`` after the length policy (counting what it skips), in bulk."""
         views, lengths = self._input_ids.rows_and_lengths(rows)
         keep = lengths > 0
@@ -526,7 +539,39 @@ class ArrowSource(TuneIterableDataset):
             (rows if everything else rows[kept]).tolist(),
             [0] * count if truncated is None else truncated[kept].tolist(),
             dropped_before,
+            start_state,
+            lengths,
+            kept,
         )
+
+    def state_after_block(self, block: DocumentBlock, documents: int) -> dict[str, Any]:
+        """This source's state right after the first ``documents`` documents of ``block``.
+
+        The rows read for the block after that document are unread again in this state (a
+        resume reads them again, counting what the length policy skips among them then).
+
+        Args:
+            block: a block returned by :meth:`read_block` of this source.
+            documents: how many of the block's documents have been used (0 to all of them).
+        """
+        if block.start_state is None:
+            raise ValueError(f"Source '{self._name}': this block does not record where it was read.")
+        own = block.start_state[self._name]
+        if documents == 0:
+            return {self._name: {_WALK: own[_WALK], _COUNTERS: dict(own[_COUNTERS])}}
+        read = int(block.kept[documents - 1]) + 1  # rows read up to and including that document
+        walk = ShardPasses.from_state(own[_WALK])
+        walk.plan.advance(read)
+        counters = SourceCounters.from_state(own[_COUNTERS])
+        lengths = block.read_lengths[:read]
+        counters.empty_skipped += int(np.count_nonzero(lengths == 0))
+        if self.max_seq_len is not None:
+            over = int(np.count_nonzero(lengths > self.max_seq_len))
+            if self.overlong == "drop":
+                counters.overlong_dropped += over
+            else:
+                counters.overlong_truncated += over
+        return {self._name: {_WALK: walk.state_dict(), _COUNTERS: counters.state_dict()}}
 
     def _settle(self) -> None:
         """Advance the plan past the documents the iterator has consumed (see :meth:`__iter__`)."""

@@ -27,6 +27,16 @@ from lightning_tune_data.streams.pack_pieces import LENGTH_AT, TRUNCATED_AT, Pac
 
 PieceAdder = Callable[[Reference, np.ndarray, "PieceExtra | None"], None]
 
+# best_fit keeps its open packs' (free space, number) pairs as single ints, ordered like the
+# pairs: integer comparisons make the per-document bisect and insort several times cheaper.
+_NUMBER_BITS = 40
+_NUMBER_MASK = (1 << _NUMBER_BITS) - 1
+
+
+def free_key(space: int, number: int) -> int:
+    """The sort key of an open pack with ``space`` free tokens and creation ``number``."""
+    return (space << _NUMBER_BITS) | number
+
 
 class DocumentQueue:
     """Documents read in a block and not placed yet: references, token views, optional extras.
@@ -35,15 +45,18 @@ class DocumentQueue:
         refs: one piece reference per document, in order.
         tokens: each document's token view.
         extras: each document's extra, or ``None`` when no document has one (a plain block).
+        block: the source's block the documents were read in (``None``: documents restored from
+            a saved state); the source rebuilds its position after any of them from it.
     """
 
-    __slots__ = ("refs", "tokens", "extras", "at", "_ends")
+    __slots__ = ("refs", "tokens", "extras", "block", "at", "_ends")
 
     def __init__(self, refs: list[Reference] | None = None, tokens: list[np.ndarray] | None = None,
-                 extras: list[PieceExtra | None] | None = None) -> None:
+                 extras: list[PieceExtra | None] | None = None, block: Any = None) -> None:
         self.refs = refs if refs is not None else []
         self.tokens = tokens if tokens is not None else []
         self.extras = extras
+        self.block = block
         self.at = 0  # the next document to place
         self._ends: list[int] | None = None
 
@@ -78,7 +91,8 @@ class PackPlacer:
         self.overlong = overlong
         self.counters = counters
         self.open: dict[int, Pack] = {}
-        self.free: list[tuple[int, int]] = []  # best_fit: (free space, number) of every open pack, sorted
+        # best_fit: every open pack's free_key(free space, number), sorted: fullest first, oldest on ties.
+        self.free: list[int] = []
         self.next_number = 0
         self.ready: collections.deque[Pack] = collections.deque()
         self.add: PieceAdder = self._adder()
@@ -108,7 +122,7 @@ class PackPlacer:
         for pack in packs:
             number = self._open_pack(pack)
             if self.strategy == "best_fit":
-                self.free.append((self.max_seq_len - pack.length, number))
+                self.free.append(free_key(self.max_seq_len - pack.length, number))
         self.free.sort()
 
     def close_all(self) -> None:
@@ -174,25 +188,25 @@ class PackPlacer:
     def _add_best_fit(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None) -> None:
         cap, free = self.max_seq_len, self.free
         n = ref[LENGTH_AT]
-        i = bisect.bisect_left(free, (n, -1))
+        i = bisect.bisect_left(free, n << _NUMBER_BITS)
         if i < len(free):
-            space, number = free.pop(i)
+            key = free.pop(i)
+            number = key & _NUMBER_MASK
             pack = self.open[number]
             pack.add(ref, tokens, extra)
             if pack.length == cap:
                 self.ready.append(self.open.pop(number))
             else:
-                bisect.insort(free, (space - n, number))
+                bisect.insort(free, key - (n << _NUMBER_BITS))
             return
         pack = Pack()
         pack.add(ref, tokens, extra)
         if pack.length == cap:
             self.ready.append(pack)
             return
-        bisect.insort(free, (cap - pack.length, self._open_pack(pack)))
+        bisect.insort(free, free_key(cap - pack.length, self._open_pack(pack)))
         if len(self.open) > self.buffer_size:  # emit the fullest (oldest on ties)
-            _, number = free.pop(0)
-            self.ready.append(self.open.pop(number))
+            self.ready.append(self.open.pop(free.pop(0) & _NUMBER_MASK))
 
     # -- a queue of documents ---------------------------------------------------------------
     def place_from(self, queue: DocumentQueue) -> int:
@@ -214,26 +228,28 @@ class PackPlacer:
         """:meth:`_add_best_fit` over a plain queue, with the common case inlined."""
         refs, tokens = queue.refs, queue.tokens
         at, count, ready = queue.at, len(refs), self.ready
-        cap, free, open_packs, bisect_left = self.max_seq_len, self.free, self.open, bisect.bisect_left
+        cap, free, open_packs = self.max_seq_len, self.free, self.open
+        bisect_left, insort, shift, mask = bisect.bisect_left, bisect.insort, _NUMBER_BITS, _NUMBER_MASK
         while at < count and not ready:
-            ref, ids = refs[at], tokens[at]
-            at += 1
+            ref = refs[at]
             n = ref[LENGTH_AT]
-            i = bisect_left(free, (n, -1)) if n <= cap else len(free)
+            i = bisect_left(free, n << shift) if n <= cap else len(free)
             if i == len(free):  # opens a pack (or is overlong): the general path
-                self.place(ref, ids, None)
+                self.place(ref, tokens[at], None)
+                at += 1
                 continue
-            space, number = free.pop(i)
-            pack = open_packs[number]
+            key = free.pop(i)
+            pack = open_packs[key & mask]
             pack.refs.append(ref)
-            pack.tokens.append(ids)
+            pack.tokens.append(tokens[at])
+            at += 1
             if pack.extras is not None:
                 pack.extras.append(None)
             pack.length += n
-            if space == n:
-                ready.append(open_packs.pop(number))
+            if key >> shift == n:
+                ready.append(open_packs.pop(key & mask))
             else:
-                bisect.insort(free, (space - n, number))
+                insort(free, key - (n << shift))
         queue.at = at
 
     def _concat_from(self, queue: DocumentQueue) -> None:

@@ -244,7 +244,7 @@ class IterablePackedDataset(TuneIterableDataset):
         block = self._child.read_block(_BLOCK_DOCUMENTS)
         if block is None:
             return False
-        self._queue = DocumentQueue(block.references(), block.input_ids)
+        self._queue = DocumentQueue(block.references(), block.input_ids, block=block)
         return True
 
     # -- packs out -------------------------------------------------------------------------
@@ -370,7 +370,7 @@ class IterablePackedDataset(TuneIterableDataset):
         num_open = len(held)
         held.extend((pack, len(pack.refs)) for pack in self._placer.ready)
         queue = self._queue
-        pending = (queue.refs, queue.tokens, queue.extras, queue.at)
+        block, placed = queue.block, queue.at
         fixed = {
             "strategy": self._strategy,
             "max_seq_len": self._max_seq_len,
@@ -378,12 +378,19 @@ class IterablePackedDataset(TuneIterableDataset):
             "num_open": num_open,
             "child_exhausted": self._child_exhausted,
             "finished": self._finished,
-            "child": self._child.state_dict(),
         }
-        name = self._dataset_name
+        if block is None:  # no block read yet, or documents restored from a state: saved as documents
+            fixed["child"] = self._child.state_dict()
+            pending = (queue.refs, queue.tokens, queue.extras, placed)
+        child, name = self._child, self._dataset_name
 
         def build() -> dict[str, Any]:
-            return {name: {**fixed, "packs": _held_state(held), "pending": _pending_state(*pending)}}
+            state = {**fixed, "packs": _held_state(held)}
+            if block is None:
+                state["pending"] = _pending_state(*pending)
+            else:  # the source's position after the last placed document of its block
+                state["child"] = child.state_after_block(block, placed)
+            return {name: state}
 
         return build
 
@@ -420,12 +427,12 @@ class IterablePackedDataset(TuneIterableDataset):
         counters: dict[str, int] = collections.Counter()
         for own in owns:
             counters.update({k: int(v) for k, v in own["counters"].items()})
-            if "pending" in own:  # documents read in a block, packed by the new shards
+            if own.get("pending"):  # documents restored from an older state, not packed yet
                 counters["documents"] += len(own["pending"]["row"])
         return {
             self._dataset_name: {
                 "held": concat_piece_states([own["packs"] for own in owns]
-                                            + [own["pending"] for own in owns if "pending" in own]),
+                                            + [own["pending"] for own in owns if own.get("pending")]),
                 "counters": dict(counters),
                 "child": self._child.merge_shard_states([own["child"] for own in owns]),
             }

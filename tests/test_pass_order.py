@@ -83,3 +83,16 @@ def test_plan_state_round_trips():
         return out
 
     assert rest(again) == rest(plan) == [7, 11, 14, 17, 20, 23, 26, 29, 32, 35, 38]
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 5, 9])
+def test_a_saved_walk_advanced_in_place_equals_the_walk_advanced_then_saved(count):
+    plans = [PassPlan(epoch=2, base=10, stride=3, offset=1, end=40, holes=[4, 7, 8]),
+             PassPlan(epoch=3, base=0, stride=3, offset=0, end=40, holes=[])]
+    walk_ = ShardPasses(60, 3, 1, plans)
+    walk_.plan.advance(1)  # one hole already taken
+    saved = walk_.state_dict()
+    before = json.loads(json.dumps(saved))
+    walk_.plan.advance(count)  # the holes first, then the strided tail
+    assert ShardPasses.state_advanced(saved, count) == walk_.state_dict()
+    assert saved == before  # the saved state itself is untouched

@@ -163,7 +163,7 @@ class DocumentBlock:
     """
 
     __slots__ = ("source", "epoch", "input_ids", "rows", "truncated_tokens", "dropped_before", "start_state",
-                 "read_lengths", "kept")
+                 "read_lengths", "kept", "_skipped")
 
     def __init__(self, source: str, epoch: int, input_ids: list[np.ndarray], rows: list[int],
                  truncated_tokens: list[int], dropped_before: list[int], start_state: dict[str, Any] | None = None,
@@ -177,6 +177,15 @@ class DocumentBlock:
         self.start_state = start_state
         self.read_lengths = read_lengths
         self.kept = kept
+        self._skipped: tuple[list[int], list[int]] | None = None
+
+    def skipped_through(self, read: int, max_seq_len: int | None) -> tuple[int, int]:
+        """How many of the first ``read`` rows read were empty, and how many longer than ``max_seq_len``."""
+        if self._skipped is None:
+            lengths = self.read_lengths
+            over = np.zeros(len(lengths), np.int64) if max_seq_len is None else np.cumsum(lengths > max_seq_len)
+            self._skipped = (np.cumsum(lengths == 0).tolist(), over.tolist())
+        return self._skipped[0][read - 1], self._skipped[1][read - 1]
 
     def references(self) -> list[tuple]:
         """Per document ``(source, row, epoch, 0, length, True, truncated_tokens, dropped_before)``,
@@ -560,18 +569,13 @@ class ArrowSource(TuneIterableDataset):
         if documents == 0:
             return {self._name: {_WALK: own[_WALK], _COUNTERS: dict(own[_COUNTERS])}}
         read = int(block.kept[documents - 1]) + 1  # rows read up to and including that document
-        walk = ShardPasses.from_state(own[_WALK])
-        walk.plan.advance(read)
-        counters = SourceCounters.from_state(own[_COUNTERS])
-        lengths = block.read_lengths[:read]
-        counters.empty_skipped += int(np.count_nonzero(lengths == 0))
-        if self.max_seq_len is not None:
-            over = int(np.count_nonzero(lengths > self.max_seq_len))
-            if self.overlong == "drop":
-                counters.overlong_dropped += over
-            else:
-                counters.overlong_truncated += over
-        return {self._name: {_WALK: walk.state_dict(), _COUNTERS: counters.state_dict()}}
+        empty, over = block.skipped_through(read, self.max_seq_len)
+        counters = dict(own[_COUNTERS])
+        counters["empty_skipped"] += empty
+        if over:
+            counters["overlong_dropped" if self.overlong == "drop" else "overlong_truncated"] += over
+        walk = ShardPasses.state_advanced(own[_WALK], read)
+        return {self._name: {_WALK: walk, _COUNTERS: counters}}
 
     def _settle(self) -> None:
         """Advance the plan past the documents the iterator has consumed (see :meth:`__iter__`)."""

@@ -165,6 +165,16 @@ class ShardPasses:
             PENDING: [plan.state_dict() for plan in self.pending],
         }
 
+    @staticmethod
+    def state_advanced(state: dict[str, Any], count: int) -> dict[str, Any]:
+        """A saved walk moved on by ``count`` positions of its current pass (as
+        :meth:`PassPlan.advance` would), without rebuilding it."""
+        plan = state[PLAN]
+        holes = plan[HOLES]
+        from_holes = min(count, len(holes))
+        plan = {**plan, HOLES: holes[from_holes:], TAIL_TAKEN: int(plan.get(TAIL_TAKEN, 0)) + count - from_holes}
+        return {**state, PLAN: plan}
+
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> ShardPasses:
         plans = [PassPlan.from_state(state[PLAN])] + [PassPlan.from_state(p) for p in state.get(PENDING, [])]

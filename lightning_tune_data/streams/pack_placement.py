@@ -233,10 +233,23 @@ class PackPlacer:
         while at < count and not ready:
             ref = refs[at]
             n = ref[LENGTH_AT]
-            i = bisect_left(free, n << shift) if n <= cap else len(free)
-            if i == len(free):  # opens a pack (or is overlong): the general path
+            if n > cap:  # overlong: the general path applies the policy
                 self.place(ref, tokens[at], None)
                 at += 1
+                continue
+            i = bisect_left(free, n << shift)
+            if i == len(free):  # fits in no open pack: opens one
+                pack = Pack()
+                pack.refs.append(ref)
+                pack.tokens.append(tokens[at])
+                pack.length = n
+                at += 1
+                if n == cap:
+                    ready.append(pack)
+                    continue
+                insort(free, ((cap - n) << shift) | self._open_pack(pack))
+                if len(open_packs) > self.buffer_size:  # emit the fullest (oldest on ties)
+                    ready.append(open_packs.pop(free.pop(0) & mask))
                 continue
             key = free.pop(i)
             pack = open_packs[key & mask]

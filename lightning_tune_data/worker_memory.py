@@ -23,10 +23,16 @@ import torch
 from torch.utils.data import get_worker_info
 
 
+_NUMPY_DTYPES: dict[torch.dtype, np.dtype] = {}
+
+
 def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised tensor of ``shape`` and ``dtype``; in shared memory inside a dataloader worker."""
     if get_worker_info() is None:
-        return torch.from_numpy(np.empty(shape, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
+        numpy_dtype = _NUMPY_DTYPES.get(dtype)
+        if numpy_dtype is None:
+            numpy_dtype = _NUMPY_DTYPES[dtype] = torch.empty(0, dtype=dtype).numpy().dtype
+        return torch.from_numpy(np.empty(shape, dtype=numpy_dtype))
     empty = torch.empty(0, dtype=dtype)
     storage = empty._typed_storage()._new_shared(math.prod(shape))  # the sharing strategy's own allocator
     return empty.new(storage).view(shape)

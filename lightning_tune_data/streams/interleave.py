@@ -27,6 +27,7 @@ import numpy as np
 
 from lightning_tune_data.distributed import current_shard
 from lightning_tune_data.streams.base import INPUT_IDS, ElasticResumeUnsupported, TuneIterableDataset
+from lightning_tune_data.streams.interleave_blocks import MixedBlock, MixedReader
 
 __all__ = ["InterleavedDataset", "interleave_datasets", "STOPPING_STRATEGIES", "MIX_BY"]
 
@@ -164,6 +165,7 @@ class InterleavedDataset(TuneIterableDataset):
         self._remaining: dict[str, Any] | None = None
 
     def _reset_round(self) -> None:
+        self._reader: MixedReader | None = None  # the block path's children blocks (see read_block)
         self._draws = 0
         self._consumed = [[0.0, 0.0] for _ in self._datasets]  # [documents, tokens] per child
         self._total_tokens = 0.0
@@ -303,17 +305,50 @@ class InterleavedDataset(TuneIterableDataset):
 
     def state_dict(self) -> dict[str, Any]:
         self._resolve()
+        return self.state_from(self._draws, self._consumed, self._children_state(), self._exhausted, self._finished)
+
+    def state_from(self, draws: int, consumed: list[list[float]], children: dict[str, Any],
+                   exhausted: list[bool] | None = None, finished: bool = False) -> dict[str, Any]:
+        """The state with these draws, accounts and children's states (the settings are this mixture's)."""
         return {
             self._dataset_name: {
-                _DRAWS: self._draws,
-                _CONSUMED: {n: dict(zip(_UNITS, c)) for n, c in zip(self._names, self._consumed)},
-                _EXHAUSTED: dict(zip(self._names, self._exhausted)),
-                _FINISHED: self._finished,
+                _DRAWS: draws,
+                _CONSUMED: {n: dict(zip(_UNITS, c)) for n, c in zip(self._names, consumed)},
+                _EXHAUSTED: dict(zip(self._names, exhausted or [False] * len(self._names))),
+                _FINISHED: finished,
                 _WEIGHTS: dict(zip(self._names, self._weights)),
                 _MIX_BY: self._mix_by,
-                _CHILDREN: self._children_state(),
+                _CHILDREN: children,
             }
         }
+
+    # -- blocks of document references (the packer's fast path) ------------------------------
+    uniforms_per_block = BLOCK_SIZE
+
+    def blocks_supported(self) -> bool:
+        """Whether :meth:`read_block` may be used: an infinite mixture of children that read blocks
+        and never end (a finite child or stopping strategy is iterated one document at a time)."""
+        return self._stopping_strategy == "infinite" and all(
+            getattr(child, "num_passes", 0) is None and callable(getattr(child, "blocks_supported", None))
+            and child.blocks_supported() for child in self._datasets
+        )
+
+    def read_block(self, limit: int) -> MixedBlock:
+        """The next ``limit`` documents of the mixture, drawn exactly as iteration draws them.
+
+        Advances past them; :meth:`state_after_block` gives the state after any of them. Only
+        when :meth:`blocks_supported`.
+        """
+        self._resolve()
+        if self._reader is None:
+            self._reader = MixedReader(self)
+        return self._reader.read(limit)
+
+    def state_after_block(self, block: MixedBlock, documents: int) -> dict[str, Any]:
+        """The mixture's state right after the first ``documents`` documents of ``block``."""
+        if self._reader is None:
+            raise ValueError(f"InterleavedDataset '{self._dataset_name}': this block was not read by this mixture.")
+        return self._reader.state_after(block, documents)
 
     def _mix_changed(self, own: dict[str, Any]) -> bool:
         """Whether the saved state was written with other weights or another ``mix_by``."""
@@ -359,6 +394,7 @@ class InterleavedDataset(TuneIterableDataset):
         exhausted = own.get(_EXHAUSTED, {})
         self._exhausted = [bool(exhausted.get(n, False)) for n in self._names]
         self._finished = bool(own.get(_FINISHED, False))
+        self._reader = None
 
     def merge_shard_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
         """Sum the old shards' accounts and merge each child's shard states (see the class docstring)."""
@@ -386,6 +422,7 @@ class InterleavedDataset(TuneIterableDataset):
         for ds in self._datasets:
             ds.load_global_state(own[_CHILDREN])
         self._remaining = own
+        self._reader = None
 
 
 def interleave_datasets(

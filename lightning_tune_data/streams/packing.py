@@ -379,16 +379,18 @@ class IterablePackedDataset(TuneIterableDataset):
             "child_exhausted": self._child_exhausted,
             "finished": self._finished,
         }
-        if block is None:  # no block read yet, or documents restored from a state: saved as documents
+        pending = None
+        if block is None:  # no block read yet, or documents restored from an older state: saved as documents
             fixed["child"] = self._child.state_dict()
-            pending = (queue.refs, queue.tokens, queue.extras, placed)
+            if len(queue):
+                pending = (queue.refs, queue.tokens, queue.extras, placed)
         child, name = self._child, self._dataset_name
 
         def build() -> dict[str, Any]:
             state = {**fixed, "packs": _held_state(held)}
-            if block is None:
+            if pending is not None:
                 state["pending"] = _pending_state(*pending)
-            else:  # the source's position after the last placed document of its block
+            if block is not None:  # the source's position after the last placed document of its block
                 state["child"] = child.state_after_block(block, placed)
             return {name: state}
 

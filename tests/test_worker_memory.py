@@ -15,7 +15,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from lightning_tune_data.collate import ATTENTION_MASK, INPUT_IDS, LABELS, POSITION_IDS, PaddedCollator
+from lightning_tune_data.collate import ATTENTION_MASK, INPUT_IDS, LABELS, POSITION_IDS, PackedCollator, PaddedCollator
+from lightning_tune_data.streams.memory import InMemoryStream
+from lightning_tune_data.streams.packing import IterablePackedDataset
 from lightning_tune_data.worker_memory import batch_tensor
 
 PAD = 7
@@ -87,3 +89,33 @@ def test_padded_collator_builds_worker_batches_in_shared_memory_with_the_same_va
         for key in (INPUT_IDS, LABELS, ATTENTION_MASK, POSITION_IDS):
             assert batch[key].dtype == torch.int64
             assert torch.equal(batch[key], expected[key])
+
+
+class RecordingPackedCollate:
+    """The packed collator, plus whether all its tensors were one shared-memory allocation."""
+
+    def __init__(self) -> None:
+        self.collator = PackedCollator(pad_id=PAD)
+
+    def __call__(self, samples: list[Any]) -> dict[str, Any]:
+        batch = self.collator(samples)
+        tensors = [value for value in batch.values() if isinstance(value, torch.Tensor)]
+        batch["one_shared_allocation"] = all(t.is_shared() for t in tensors) and len(
+            {t.untyped_storage().data_ptr() for t in tensors}) == 1
+        return batch
+
+
+def test_packed_collator_sends_a_worker_batch_as_one_shared_allocation_with_the_same_values() -> None:
+    documents = [doc(length, 100 * i) for i, length in enumerate([30, 9, 17, 5, 12, 25, 7, 40, 3, 11, 22, 6])]
+    packs = list(IterablePackedDataset(InMemoryStream(documents, "web", shuffle=False, num_passes=1), 32,
+                                       strategy="best_fit"))
+    reference = [PackedCollator(pad_id=PAD)(packs[i : i + 2]) for i in range(0, len(packs), 2)]
+
+    batches = list(DataLoader(packs, batch_size=2, num_workers=2, collate_fn=RecordingPackedCollate()))
+
+    assert len(batches) == len(reference) >= 3
+    assert all(batch["one_shared_allocation"] for batch in batches)  # seq_lens too: one segment per batch
+    for batch, expected in zip(batches, reference):
+        for key in (INPUT_IDS, LABELS, ATTENTION_MASK, POSITION_IDS, "document_ids", "seq_lens"):
+            assert torch.equal(batch[key], expected[key])
+        assert batch["provenance"] == expected["provenance"]

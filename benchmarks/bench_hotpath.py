@@ -19,8 +19,8 @@ Three comparisons, each with its baseline measured in the same run, alternated r
 * **Workers vs the transport** (batch 16, ``max_seq_len`` 512, 1 and 2 workers). Baseline: a
   ``DataLoader`` whose workers yield a ready batch of four ``[16, 512]`` int64 tensors from a
   trivial iterable dataset (no data work at all): the cost of moving batches from worker
-  processes to the main process, the ceiling for any loader on this machine. Ours: the unpacked
-  and ``concat`` paths through ``train_dataloader()`` (``StatefulDataLoader``, a state snapshot
+  processes to the main process, the ceiling for any loader on this machine. Ours: the unpacked,
+  ``concat`` and ``best_fit`` paths through ``train_dataloader()`` (``StatefulDataLoader``, a state snapshot
   after every batch). Goal >= 0.8x batches/s.
 
 Throughput is real (non-padding) tokens per second: ``attention_mask.sum()`` for ours and the
@@ -41,6 +41,7 @@ from common import Result, log, make_datamodule, median, now
 SEQ = 2048
 PACKED_BATCH = 8
 TRANSPORT_SHAPE = (16, 512)
+WORKER_PATHS = (None, "concat", "best_fit")  # None: unpacked
 
 
 # ----------------------------------------------------------------------------- blocks baseline
@@ -246,7 +247,7 @@ def run(ctx) -> list[Result]:
     offsets = flat_offsets(unpacked._datasets["train"]["web"], ctx.data_dir / f"flat_offsets_{ctx.token_docs}.npy")
     workers = {(path, nw): make_datamodule(ctx.token_parquet, ctx.cache_dir, False, path, nw, TRANSPORT_SHAPE[0],
                                            max_seq_len=TRANSPORT_SHAPE[1])
-               for path in (None, "concat") for nw in (1, 2)}
+               for path in WORKER_PATHS for nw in (1, 2)}
     runs: dict[str, list[tuple[float, int, int, float]]] = {}
 
     def measure(key: str, fn) -> None:
@@ -264,7 +265,7 @@ def run(ctx) -> list[Result]:
         measure("padded floor", lambda: _drain(lambda: PaddedFloor(flat, offsets, 16, seed=rep), budget))
         for nw in (1, 2):
             measure(f"transport/{nw}", lambda: _drain(lambda: transport_loader(nw), budget))
-            for path in (None, "concat"):
+            for path in WORKER_PATHS:
                 measure(f"{path or 'unpacked'}/{nw}", lambda: _drain(workers[(path, nw)].train_dataloader, budget))
 
     results: list[Result] = []
@@ -305,7 +306,7 @@ def run(ctx) -> list[Result]:
         transport_bps = [r / TRANSPORT_SHAPE[0] for r in transport]
         results.append(Result("9 hot path", f"transport: ready [16, 512] x4 batches, workers {nw}", "batches/s",
                               median(transport_bps), "batches/s", repeats=transport_bps))
-        for path in ("unpacked", "concat"):
+        for path in (path or "unpacked" for path in WORKER_PATHS):
             rows, _, _ = _rates(runs[f"{path}/{nw}"])
             bps = [r / TRANSPORT_SHAPE[0] for r in rows]
             ratio = median(bps) / median(transport_bps)

@@ -97,3 +97,22 @@ def test_packed_mixture_read_in_blocks_packs_and_resumes_exactly_like_one_docume
         resumed = packer(True)
         resumed.load_state_dict(fast_states[stop])
         _assert_same(_packs(resumed, 120 - stop - 1)[0], fast_packs[stop + 1 :])
+
+
+def test_a_nested_mixture_reads_blocks_and_draws_what_iteration_draws() -> None:
+    def nested(blocks: bool) -> InterleavedDataset:
+        source = ArrowSource if blocks else _DocumentsOnly
+        inner = InterleavedDataset([source(TABLES["code"], "code", seed=1), source(TABLES["books"], "books", seed=1)],
+                                   [0.7, 0.3], seed=2, dataset_name="inner", mix_by="tokens")
+        return InterleavedDataset([source(TABLES["web"], "web", seed=1), inner], [0.6, 0.4], seed=3)
+
+    by_block, by_document = nested(True), nested(False)
+    assert by_block.blocks_supported() and not by_document.blocks_supported()
+    documents = iter(by_document)
+    for limit in (300, 900):
+        block = by_block.read_block(limit)
+        for k in range(limit):
+            sample = next(documents)
+            assert block.refs[k][:3] == (sample["source"], sample["source_row"], sample["epoch"])
+            if k % 50 == 0:
+                assert by_block.state_after_block(block, k + 1) == by_document.state_dict()

@@ -76,6 +76,10 @@ class InterleavedDataset(TuneIterableDataset):
     Children are sharded by themselves (sources shard by rank and worker); the interleaver only
     chooses. Nesting is allowed: an ``InterleavedDataset`` is a child like any other.
 
+    For the packer, an infinite mixture of children that read blocks (plain ``ArrowSource`` sources,
+    or such mixtures) hands out many draws at once (:meth:`read_block`): the same draws as
+    iteration, by reference, with the state after any of them (:meth:`state_after_block`).
+
     A finished finite interleaver starts a new round (draw counter, accounts and exhausted flags
     reset) on the next ``iter()``; children continue according to their own rules.
 
@@ -91,6 +95,9 @@ class InterleavedDataset(TuneIterableDataset):
         mix_by: ``"documents"`` (weights are shares of documents) or ``"tokens"`` (shares of
             tokens).
     """
+
+    #: Draws per block of jitter uniforms (read by the block path, see ``interleave_blocks.py``).
+    uniforms_per_block = BLOCK_SIZE
 
     def __init__(
         self,
@@ -323,13 +330,11 @@ class InterleavedDataset(TuneIterableDataset):
         }
 
     # -- blocks of document references (the packer's fast path) ------------------------------
-    uniforms_per_block = BLOCK_SIZE
-
     def blocks_supported(self) -> bool:
         """Whether :meth:`read_block` may be used: an infinite mixture of children that read blocks
         and never end (a finite child or stopping strategy is iterated one document at a time)."""
         return self._stopping_strategy == "infinite" and all(
-            getattr(child, "num_passes", 0) is None and callable(getattr(child, "blocks_supported", None))
+            getattr(child, "num_passes", None) is None and callable(getattr(child, "blocks_supported", None))
             and child.blocks_supported() for child in self._datasets
         )
 

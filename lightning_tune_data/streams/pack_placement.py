@@ -201,12 +201,17 @@ class PackPlacer:
             return
         pack = Pack()
         pack.add(ref, tokens, extra)
-        if pack.length == cap:
+        self._open_best_fit(pack)
+
+    def _open_best_fit(self, pack: Pack) -> None:
+        """A new ``best_fit`` pack: finished at once when full, else opened (the fullest open pack
+        is emitted, oldest on ties, when that makes more than ``buffer_size``)."""
+        if pack.length == self.max_seq_len:
             self.ready.append(pack)
             return
-        bisect.insort(free, free_key(cap - pack.length, self._open_pack(pack)))
-        if len(self.open) > self.buffer_size:  # emit the fullest (oldest on ties)
-            self.ready.append(self.open.pop(free.pop(0) & _NUMBER_MASK))
+        bisect.insort(self.free, free_key(self.max_seq_len - pack.length, self._open_pack(pack)))
+        if len(self.open) > self.buffer_size:
+            self.ready.append(self.open.pop(self.free.pop(0) & _NUMBER_MASK))
 
     # -- a queue of documents ---------------------------------------------------------------
     def place_from(self, queue: DocumentQueue) -> int:
@@ -244,12 +249,7 @@ class PackPlacer:
                 pack.tokens.append(tokens[at])
                 pack.length = n
                 at += 1
-                if n == cap:
-                    ready.append(pack)
-                    continue
-                insort(free, ((cap - n) << shift) | self._open_pack(pack))
-                if len(open_packs) > self.buffer_size:  # emit the fullest (oldest on ties)
-                    ready.append(open_packs.pop(free.pop(0) & mask))
+                self._open_best_fit(pack)
                 continue
             key = free.pop(i)
             pack = open_packs[key & mask]

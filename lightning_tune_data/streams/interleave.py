@@ -96,9 +96,6 @@ class InterleavedDataset(TuneIterableDataset):
             tokens).
     """
 
-    #: Draws per block of jitter uniforms (read by the block path, see ``interleave_blocks.py``).
-    uniforms_per_block = BLOCK_SIZE
-
     def __init__(
         self,
         datasets: list[TuneIterableDataset],
@@ -250,7 +247,7 @@ class InterleavedDataset(TuneIterableDataset):
         iterators: list[Iterator[dict[str, Any]] | None] = [
             None if done else iter(ds) for ds, done in zip(self._datasets, self._exhausted)
         ]
-        block_index, block = -1, None
+        uniforms: list[Any] = [-1, None]
         warned: set[int] = set()
         self._total_tokens = sum(c[1] for c in self._consumed)
         exhausted_seen, candidates = None, []
@@ -261,11 +258,7 @@ class InterleavedDataset(TuneIterableDataset):
                     self._finished = True
                     return
                 exhausted_seen, candidates = list(self._exhausted), self._candidates(active)
-            b, j = divmod(self._draws, BLOCK_SIZE)
-            if b != block_index:
-                block_index, block = b, self._block_uniforms(b).tolist()
-            idx = self._choose(candidates, block[j])
-            self._draws += 1
+            idx = self._draw(candidates, uniforms)
             sample = next(iterators[idx], _END)
             if sample is _END:
                 name = self._names[idx]
@@ -290,12 +283,26 @@ class InterleavedDataset(TuneIterableDataset):
                         f"InterleavedDataset '{self._dataset_name}': child '{name}' yields nothing "
                         "even after a restart; give it data, or use a finite stopping_strategy."
                     )
-            account = self._consumed[idx]
-            tokens = len(sample[INPUT_IDS]) if INPUT_IDS in sample else 0
-            account[0] += 1
-            account[1] += tokens
-            self._total_tokens += tokens
+            self._count(idx, len(sample[INPUT_IDS]) if INPUT_IDS in sample else 0)
             yield sample
+
+    def _draw(self, candidates: list[tuple[int, float]], uniforms: list[Any]) -> int:
+        """One draw: the child the mix's rule picks next. ``uniforms`` is the caller's
+        ``[block index, rows]`` of jitter uniforms, refreshed here when the draw enters a new block."""
+        block, row = divmod(self._draws, BLOCK_SIZE)
+        if block != uniforms[0]:
+            uniforms[0], uniforms[1] = block, self._block_uniforms(block).tolist()
+        index = self._choose(candidates, uniforms[1][row])
+        self._draws += 1
+        return index
+
+    def _count(self, index: int, tokens: int) -> list[float]:
+        """Add one drawn document of ``tokens`` tokens to child ``index``'s account; returns the account."""
+        account = self._consumed[index]
+        account[0] += 1
+        account[1] += tokens
+        self._total_tokens += tokens
+        return account
 
     def read_document(self, source: str, row: int, epoch: int) -> dict[str, Any] | None:
         for child in self._datasets:

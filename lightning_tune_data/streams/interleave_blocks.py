@@ -82,7 +82,7 @@ class MixedReader:
     def __init__(self, mixture: InterleavedDataset) -> None:
         self.mixture = mixture
         self.cursors: list[ChildCursor | None] = [None] * len(mixture.datasets)
-        self.total_tokens = sum(account[1] for account in mixture._consumed)
+        mixture._total_tokens = sum(account[1] for account in mixture._consumed)  # as iteration starts
 
     def _child_position(self, index: int) -> Any:
         cursor = self.cursors[index]
@@ -93,20 +93,15 @@ class MixedReader:
     def read(self, limit: int) -> MixedBlock:
         """The next ``limit`` draws of the mixture (it advances past them, like iteration)."""
         mixture = self.mixture
-        children, cursors, consumed = mixture.datasets, self.cursors, mixture._consumed
-        block = MixedBlock(mixture._draws, [list(account) for account in consumed],
+        children, cursors = mixture.datasets, self.cursors
+        block = MixedBlock(mixture._draws, [list(account) for account in mixture._consumed],
                            [self._child_position(i) for i in range(len(children))])
         refs, input_ids, chosen = block.refs, block.input_ids, block.chosen
         child_blocks, positions, accounts = block.child_blocks, block.positions, block.accounts
         candidates = mixture._candidates(list(range(len(children))))
-        uniforms_index, uniforms = -1, None
+        uniforms: list[Any] = [-1, None]
         for _ in range(limit):
-            b, j = divmod(mixture._draws, mixture.uniforms_per_block)
-            if b != uniforms_index:
-                uniforms_index, uniforms = b, mixture._block_uniforms(b).tolist()
-            mixture._total_tokens = self.total_tokens
-            index = mixture._choose(candidates, uniforms[j])
-            mixture._draws += 1
+            index = mixture._draw(candidates, uniforms)
             cursor = cursors[index]
             if cursor is None or cursor.at == len(cursor.refs):
                 child_block = children[index].read_block(CHILD_BLOCK)
@@ -120,10 +115,7 @@ class MixedReader:
             refs.append(ref)
             input_ids.append(cursor.block.input_ids[cursor.at])
             cursor.at += 1
-            account = consumed[index]
-            account[0] += 1
-            account[1] += ref[LENGTH_AT]
-            self.total_tokens += ref[LENGTH_AT]
+            account = mixture._count(index, ref[LENGTH_AT])
             chosen.append(index)
             child_blocks.append(cursor.block)
             positions.append(cursor.at)

@@ -166,8 +166,8 @@ class DocumentBlock:
                  "read_lengths", "kept", "_skipped")
 
     def __init__(self, source: str, epoch: int, input_ids: list[np.ndarray], rows: list[int],
-                 truncated_tokens: list[int], dropped_before: list[int], start_state: dict[str, Any] | None = None,
-                 read_lengths: np.ndarray | None = None, kept: np.ndarray | None = None) -> None:
+                 truncated_tokens: list[int], dropped_before: list[int], start_state: dict[str, Any],
+                 read_lengths: np.ndarray, kept: np.ndarray) -> None:
         self.source = source
         self.epoch = epoch
         self.input_ids = input_ids
@@ -563,8 +563,6 @@ class ArrowSource(TuneIterableDataset):
             block: a block returned by :meth:`read_block` of this source.
             documents: how many of the block's documents have been used (0 to all of them).
         """
-        if block.start_state is None:
-            raise ValueError(f"Source '{self._name}': this block does not record where it was read.")
         own = block.start_state[self._name]
         if documents == 0:
             return {self._name: {_WALK: own[_WALK], _COUNTERS: dict(own[_COUNTERS])}}

@@ -41,6 +41,7 @@ from lightning_tune_data.streams.pack_pieces import (
     TRUNCATED_AT,
     Pack,
     PackedSample,
+    token_arrays,
 )
 from lightning_tune_data.worker_memory import batch_tensor
 
@@ -261,7 +262,7 @@ class PackedCollator:
         views = block.numpy()
         tokens, labels = views[0], views[1]
         for row, (pack, n) in enumerate(zip(packs, pack_lengths)):
-            np.concatenate(pack.tokens, out=tokens[row, :n], casting="same_kind")
+            np.concatenate(token_arrays(pack.refs, pack.tokens, pack.stores), out=tokens[row, :n], casting="same_kind")
         labels[:, :-1] = tokens[:, 1:]
         flat_labels = labels.reshape(-1)
         flat_labels[piece_starts + lens - 1] = IGNORE_INDEX

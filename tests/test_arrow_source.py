@@ -354,3 +354,50 @@ def test_resume_mid_block_with_a_loss_mask_and_a_transform_continues_identically
     got = take(resumed, 300)
     assert described(got) == described(expected)
     assert [s["loss_mask"].tolist() for s in got] == [s["loss_mask"].tolist() for s in expected]
+
+
+def _row_views_and_flat_reads(chunked: pa.Table) -> tuple[list[list[int]], list[list[int]]]:
+    """Every row as the row view reads it, and as its position and length in the flat values read it."""
+    source = ArrowSource(chunked, "src", shuffle=False)
+    source._columns()
+    column = source._input_ids
+    rows = np.arange(len(column))
+    flat = column.flat()
+    assert flat is not None
+    positions, lengths = flat.positions(rows)
+    by_view = [view.tolist() for view in column.rows(rows)]
+    by_position = [flat.values[p : p + n].tolist() for p, n in zip(positions.tolist(), lengths.tolist())]
+    return by_view, by_position
+
+
+@pytest.mark.parametrize("value_type", [pa.int32(), pa.int64(), pa.uint16()])
+def test_flat_positions_read_the_same_tokens_as_row_views_across_slices_and_empty_chunks(value_type):
+    def part(start: int, stop: int) -> pa.Table:
+        ids = [[i % 50] * (i % 5) for i in range(stop)]  # every fifth document is empty
+        return pa.table({"input_ids": pa.array(ids, type=pa.list_(value_type))}).slice(start, stop - start)
+
+    empty = part(0, 0)
+    chunked = pa.concat_tables([part(3, 10), empty, part(0, 1), part(20, 41), empty, part(7, 9)])
+    assert chunked.column("input_ids").num_chunks == 6
+    by_view, by_position = _row_views_and_flat_reads(chunked)
+    assert by_position == by_view and len(by_view) == 7 + 1 + 21 + 2
+
+
+def test_flat_positions_span_a_datasets_cache_saved_as_several_memory_mapped_files(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    ids = [[i] * (1 + i % 9) for i in range(400)]
+    datasets.Dataset.from_dict({"input_ids": ids}).save_to_disk(str(tmp_path / "ds"), num_shards=3)
+    loaded = datasets.load_from_disk(str(tmp_path / "ds"))
+    assert len(loaded.cache_files) == 3
+    by_view, by_position = _row_views_and_flat_reads(loaded.data.table)
+    assert by_position == by_view == ids
+
+
+@pytest.mark.parametrize("values", [
+    pa.array([[1, None, 3], [4]], type=pa.list_(pa.int32())),  # a missing token
+    pa.array([[1.5, 2.0], [3.0]], type=pa.list_(pa.float32())),  # not token ids
+])
+def test_values_that_are_not_null_free_integers_have_no_flat_view(values):
+    source = ArrowSource(pa.table({"input_ids": values}), "src")
+    source._columns()
+    assert source._input_ids.flat() is None

@@ -85,6 +85,7 @@ class _ListColumn:
         self._starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # 8 bytes per chunk
         self._single = count == 1
         self._views: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._flat: _FlatColumn | None | bool = False  # False: not built yet
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -133,6 +134,13 @@ class _ListColumn:
             views.append(values[offsets[row] : offsets[row + 1]])
         return views
 
+    def flat(self) -> _FlatColumn | None:
+        """The column as one flat array of values (built once per process; ``None`` when the
+        values are not null-free integers)."""
+        if self._flat is False:
+            self._flat = _FlatColumn.of(self._column, self._starts)
+        return self._flat
+
     def rows_and_lengths(self, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
         """Zero-copy views of several rows and their lengths."""
         views = self.rows(indices)
@@ -144,40 +152,126 @@ class _ListColumn:
         return np.concatenate([np.diff(self._view(i)[0]) for i in range(count)]) if count else np.zeros(0, np.int64)
 
 
+def _address(array: pa.Array) -> int:
+    """Where the first value of a primitive Arrow array is in memory."""
+    return array.buffers()[1].address + array.offset * array.type.byte_width
+
+
+class _FlatColumn:
+    """A ``list<int>`` column as two flat zero-copy arrays: every chunk's values, and every chunk's
+    offsets, each in one NumPy array.
+
+    Each array starts at the lowest address of its chunks' buffers and ends at the end of the
+    highest; only positions inside a chunk's own buffer are ever read, so whatever lies between
+    chunks (other buffers, or address space between separate memory-mapped files) is never
+    touched. The Arrow column stays alive as the arrays' base. Per chunk two integers are kept.
+
+    Args:
+        values, value_base: the flat values and each chunk's first value in it.
+        offsets, offset_base: the flat offsets and each chunk's first offset in it.
+        row_starts: each chunk's first row (and the row count last).
+    """
+
+    __slots__ = ("values", "value_base", "offsets", "offset_base", "row_starts")
+
+    def __init__(self, values: np.ndarray, value_base: np.ndarray, offsets: np.ndarray, offset_base: np.ndarray,
+                 row_starts: np.ndarray) -> None:
+        self.values, self.value_base = values, value_base
+        self.offsets, self.offset_base = offsets, offset_base
+        self.row_starts = row_starts
+
+    @staticmethod
+    def _span(arrays: list[pa.Array | None], base: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """One array over the buffers of ``arrays`` (``None`` entries are empty) and each one's start in it."""
+        present = [array for array in arrays if array is not None]
+        dtype = present[0].type.to_pandas_dtype()
+        width = present[0].type.byte_width
+        addresses = [_address(array) for array in present]
+        low = min(addresses)
+        high = max(address + len(array) * width for address, array in zip(addresses, present))
+        if any((address - low) % width for address in addresses):
+            return None
+        flat = np.frombuffer(pa.foreign_buffer(low, high - low, base=base), dtype=dtype)
+        starts = iter(addresses)
+        return flat, np.array([0 if array is None else (next(starts) - low) // width for array in arrays], np.int64)
+
+    @classmethod
+    def of(cls, column: pa.ChunkedArray, row_starts: np.ndarray) -> _FlatColumn | None:
+        """The flat arrays of ``column`` (whose chunks start at ``row_starts``), or ``None`` when its
+        values are not null-free integers."""
+        chunks = list(column.iterchunks())
+        if not chunks or not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+            return None
+        if not pa.types.is_integer(column.type.value_type) or any(chunk.values.null_count for chunk in chunks):
+            return None
+        values = [chunk.values if len(chunk.values) else None for chunk in chunks]
+        offsets = [chunk.offsets if len(chunk) else None for chunk in chunks]
+        if all(array is None for array in values):
+            return None
+        value_span, offset_span = cls._span(values, column), cls._span(offsets, column)
+        if value_span is None or offset_span is None:
+            return None
+        return cls(*value_span, *offset_span, row_starts)
+
+    def positions(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's first value in :attr:`values` and its length, for many rows at once."""
+        chunks = np.searchsorted(self.row_starts, rows, side="right") - 1
+        at = self.offset_base[chunks] + (rows - self.row_starts[chunks])
+        first = self.offsets[at].astype(np.int64)
+        return self.value_base[chunks] + first, self.offsets[at + 1] - first
+
+
 class DocumentBlock:
-    """Consecutive documents of one source and pass: token views and row references, in order.
+    """Consecutive documents of one source and pass: their tokens and row references, in order.
 
     Args:
         source, epoch: the source's name and the pass the documents belong to.
-        input_ids: each document's tokens (zero-copy views, already cut to the length policy).
+        tokens: each document's tokens: with ``store``, the position of its first token in
+            ``store.flat_tokens()`` (an ``int``, no per-document object); without, a zero-copy view.
+        lengths: each document's length (already cut to the length policy).
         rows: each document's row in the source.
         truncated_tokens: tokens cut from each document by the length policy.
         dropped_before: overlong documents dropped before each document since the previous one.
         start_state: the source's state just before the block was read.
         read_lengths: the length of every row read for the block, before the length policy.
         kept: the position among the rows read of each document in the block.
+        store: the source whose flat token array ``tokens`` index, or ``None``.
 
-    With the last three, :meth:`ArrowSource.state_after_block` gives the source's state after any
-    number of the block's documents, so a reader that holds documents of a block saves positions,
-    not documents.
+    With ``start_state``, ``read_lengths`` and ``kept``, :meth:`ArrowSource.state_after_block`
+    gives the source's state after any number of the block's documents, so a reader that holds
+    documents of a block saves positions, not documents.
     """
 
-    __slots__ = ("source", "epoch", "input_ids", "rows", "truncated_tokens", "dropped_before", "start_state",
-                 "read_lengths", "kept", "_skipped")
+    __slots__ = ("source", "epoch", "tokens", "lengths", "rows", "truncated_tokens", "dropped_before", "start_state",
+                 "read_lengths", "kept", "store", "_skipped")
 
-    def __init__(self, source: str, epoch: int, input_ids: list[np.ndarray], rows: list[int],
+    def __init__(self, source: str, epoch: int, tokens: list[Any], lengths: list[int], rows: list[int],
                  truncated_tokens: list[int], dropped_before: list[int], start_state: dict[str, Any],
-                 read_lengths: np.ndarray, kept: np.ndarray) -> None:
+                 read_lengths: np.ndarray, kept: np.ndarray, store: ArrowSource | None) -> None:
         self.source = source
         self.epoch = epoch
-        self.input_ids = input_ids
+        self.tokens = tokens
+        self.lengths = lengths
         self.rows = rows
         self.truncated_tokens = truncated_tokens
         self.dropped_before = dropped_before
         self.start_state = start_state
         self.read_lengths = read_lengths
         self.kept = kept
+        self.store = store
         self._skipped: tuple[list[int], list[int]] | None = None
+
+    @property
+    def stores(self) -> dict[str, ArrowSource]:
+        """The sources whose flat token arrays the block's positions index, by name."""
+        return {} if self.store is None else {self.source: self.store}
+
+    @property
+    def input_ids(self) -> list[np.ndarray]:
+        """Each document's tokens as a zero-copy view."""
+        if self.store is None:
+            return self.tokens
+        return [self.store.token_view(position, length) for position, length in zip(self.tokens, self.lengths)]
 
     def skipped_through(self, read: int, max_seq_len: int | None) -> tuple[int, int]:
         """How many of the first ``read`` rows read were empty, and how many longer than ``max_seq_len``."""
@@ -192,7 +286,7 @@ class DocumentBlock:
         the packer's piece references, built in one pass."""
         count = len(self.rows)
         return list(zip(itertools.repeat(self.source, count), self.rows, itertools.repeat(self.epoch, count),
-                        itertools.repeat(0, count), map(len, self.input_ids), itertools.repeat(True, count),
+                        itertools.repeat(0, count), self.lengths, itertools.repeat(True, count),
                         self.truncated_tokens, self.dropped_before))
 
 
@@ -510,10 +604,16 @@ class ArrowSource(TuneIterableDataset):
 
     def _block_of(self, rows: np.ndarray, epoch: int, start_state: dict[str, Any]) -> DocumentBlock | None:
         """The documents at ``rows`` after the length policy (counting what it skips), in bulk."""
-        views, lengths = self._input_ids.rows_and_lengths(rows)
+        flat = self._input_ids.flat()
+        if flat is not None:  # positions in the flat token array: no object per document
+            positions, lengths = flat.positions(rows)
+            tokens: Any = positions
+        else:
+            tokens, lengths = self._input_ids.rows_and_lengths(rows)
         keep = lengths > 0
-        self._counters.empty_skipped += len(views) - int(np.count_nonzero(keep))
+        self._counters.empty_skipped += len(lengths) - int(np.count_nonzero(keep))
         truncated = dropped_before = None
+        kept_lengths = lengths
         cap = self.max_seq_len
         if cap is not None and int(lengths.max(initial=0)) > cap:
             over = lengths > cap
@@ -532,26 +632,46 @@ class ArrowSource(TuneIterableDataset):
             else:
                 self._counters.overlong_truncated += int(np.count_nonzero(over))
                 truncated = np.where(over, lengths - cap, 0)
-                for index in np.flatnonzero(over).tolist():
-                    views[index] = views[index][:cap]
+                kept_lengths = np.minimum(lengths, cap)
+                if flat is None:
+                    for index in np.flatnonzero(over).tolist():
+                        tokens[index] = tokens[index][:cap]
         kept = np.flatnonzero(keep)
         if not len(kept):
             return None
-        everything = len(kept) == len(views)
+        everything = len(kept) == len(lengths)
         count = len(kept)
         if dropped_before is None:
             dropped_before = [0] * count
             dropped_before[0], self._dropped_since_yield = self._dropped_since_yield, 0
+        if flat is not None:
+            tokens = (tokens if everything else tokens[kept]).tolist()
+        elif not everything:
+            tokens = [tokens[i] for i in kept.tolist()]
         return DocumentBlock(
             self._name, epoch,
-            views if everything else [views[i] for i in kept.tolist()],
+            tokens,
+            (kept_lengths if everything else kept_lengths[kept]).tolist(),
             (rows if everything else rows[kept]).tolist(),
             [0] * count if truncated is None else truncated[kept].tolist(),
             dropped_before,
             start_state,
             lengths,
             kept,
+            None if flat is None else self,
         )
+
+    def flat_tokens(self) -> np.ndarray:
+        """The ``input_ids`` column's values as one flat array (what a block's positions index)."""
+        self._columns()
+        flat = self._input_ids.flat()
+        if flat is None:
+            raise TypeError(f"Source '{self._name}': the '{INPUT_IDS}' values are not null-free integers.")
+        return flat.values
+
+    def token_view(self, position: int, length: int) -> np.ndarray:
+        """The ``length`` tokens at ``position`` of :meth:`flat_tokens` (a document of a block), as a view."""
+        return self.flat_tokens()[position : position + length]
 
     def state_after_block(self, block: DocumentBlock, documents: int) -> dict[str, Any]:
         """This source's state right after the first ``documents`` documents of ``block``.

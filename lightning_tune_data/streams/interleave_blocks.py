@@ -3,8 +3,8 @@
 An :class:`~lightning_tune_data.streams.interleave.InterleavedDataset` whose children all read
 blocks (plain, infinite ``ArrowSource`` children) hands the packer a :class:`MixedBlock`: the
 next ``limit`` draws of the mixture, made exactly as one-document iteration makes them, with
-each document taken from its child's current block by reference (a row reference and a token
-view, no per-document dict). A child's block outlives the mixed block that started it: what the
+each document taken from its child's current block by reference (a row reference and its
+tokens' position or view, no per-document dict). A child's block outlives the mixed block that started it: what the
 mixture has not drawn from it yet waits for the next draws of that child.
 
 The mixed block records, per draw, which child it took, that child's block and position, and
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lightning_tune_data.streams.pack_pieces import LENGTH_AT
+from lightning_tune_data.streams.pack_pieces import LENGTH_AT, PieceTokens, token_arrays
 
 if TYPE_CHECKING:
     from lightning_tune_data.streams.interleave import InterleavedDataset
@@ -40,11 +40,12 @@ class ChildCursor:
 
 
 class MixedBlock:
-    """Consecutive draws of a mixture: references and token views in draw order, plus what
-    rebuilds the mixture's state after any of them.
+    """Consecutive draws of a mixture: references and tokens in draw order, plus what rebuilds
+    the mixture's state after any of them.
 
     Args:
-        refs, input_ids: per draw, the document's piece reference and token view.
+        refs, tokens: per draw, the document's piece reference and its tokens (a position in its
+            source's flat token array, found through ``stores``, or a view).
         draws_start: the mixture's draw counter before the block.
         accounts_start: per child, ``[documents, tokens]`` drawn before the block.
         children_start: per child, where it stood before the block: ``(block, position)`` or
@@ -54,12 +55,13 @@ class MixedBlock:
             after the draw.
     """
 
-    __slots__ = ("refs", "input_ids", "draws_start", "accounts_start", "children_start", "chosen",
+    __slots__ = ("refs", "tokens", "stores", "draws_start", "accounts_start", "children_start", "chosen",
                  "child_blocks", "positions", "accounts")
 
     def __init__(self, draws_start: int, accounts_start: list[list[float]], children_start: list[Any]) -> None:
         self.refs: list[tuple] = []
-        self.input_ids: list[np.ndarray] = []
+        self.tokens: list[PieceTokens] = []
+        self.stores: dict[str, Any] = {}
         self.draws_start = draws_start
         self.accounts_start = accounts_start
         self.children_start = children_start
@@ -70,6 +72,11 @@ class MixedBlock:
 
     def references(self) -> list[tuple]:
         return self.refs
+
+    @property
+    def input_ids(self) -> list[np.ndarray]:
+        """Each draw's tokens as a zero-copy view."""
+        return token_arrays(self.refs, self.tokens, self.stores)
 
 
 class MixedReader:
@@ -82,6 +89,7 @@ class MixedReader:
     def __init__(self, mixture: InterleavedDataset) -> None:
         self.mixture = mixture
         self.cursors: list[ChildCursor | None] = [None] * len(mixture.datasets)
+        self.stores: dict[str, Any] = {}  # every child block's, shared by the mixed blocks
         mixture._total_tokens = sum(account[1] for account in mixture._consumed)  # as iteration starts
 
     def _child_position(self, index: int) -> Any:
@@ -96,7 +104,8 @@ class MixedReader:
         children, cursors = mixture.datasets, self.cursors
         block = MixedBlock(mixture._draws, [list(account) for account in mixture._consumed],
                            [self._child_position(i) for i in range(len(children))])
-        refs, input_ids, chosen = block.refs, block.input_ids, block.chosen
+        block.stores = self.stores
+        refs, tokens, chosen = block.refs, block.tokens, block.chosen
         child_blocks, positions, accounts = block.child_blocks, block.positions, block.accounts
         candidates = mixture._candidates(list(range(len(children))))
         uniforms: list[Any] = [-1, None]
@@ -111,9 +120,10 @@ class MixedReader:
                         "ended although it should be infinite."
                     )
                 cursor = cursors[index] = ChildCursor(child_block)
+                self.stores.update(child_block.stores)
             ref = cursor.refs[cursor.at]
             refs.append(ref)
-            input_ids.append(cursor.block.input_ids[cursor.at])
+            tokens.append(cursor.block.tokens[cursor.at])
             cursor.at += 1
             account = mixture._count(index, ref[LENGTH_AT])
             chosen.append(index)

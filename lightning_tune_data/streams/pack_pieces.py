@@ -7,7 +7,9 @@ packer keeps three things per piece, in parallel lists of its :class:`Pack`:
   truncated_tokens, dropped_before)`` (:data:`PIECE_COLUMNS`): exactly one row of the saved state,
   so saving a pack is a transpose of its references (``row`` is ``-1`` for a document that cannot
   be re-read);
-* its *tokens*, a zero-copy view (into the memory-mapped cache for an ``ArrowSource``);
+* its *tokens*: for a document read in a block of an ``ArrowSource``, the position (an ``int``)
+  of its first token in that source's flat token array (``flat_tokens()``, found through the
+  pack's ``stores`` by the reference's source name); otherwise a zero-copy view;
 * an optional :class:`PieceExtra`: explicit labels (a document with a loss mask) and, for a
   document that cannot be re-read, its loss mask (both travel in the state with its tokens).
 
@@ -39,6 +41,8 @@ NOT_REREADABLE = -1
 SOURCE_AT, ROW_AT, EPOCH_AT, START_AT, LENGTH_AT, NEW_DOCUMENT_AT, TRUNCATED_AT, DROPPED_AT = range(8)
 
 Reference = tuple  # (source, row, epoch, start, length, new_document, truncated_tokens, dropped_before)
+#: A piece's tokens: a position in its source's flat token array, or a view.
+PieceTokens = np.ndarray | int
 
 
 class PieceExtra(NamedTuple):
@@ -55,8 +59,8 @@ def reference(source: str, row: int | None, epoch: int, length: int, truncated_t
             int(truncated_tokens), int(dropped_before))
 
 
-def split_piece(ref: Reference, tokens: np.ndarray, extra: PieceExtra | None, offset: int,
-                length: int) -> tuple[Reference, np.ndarray, PieceExtra | None]:
+def split_piece(ref: Reference, tokens: PieceTokens, extra: PieceExtra | None, offset: int,
+                length: int) -> tuple[Reference, PieceTokens, PieceExtra | None]:
     """The part ``[offset, offset + length)`` of a piece (its last label is ``-100``)."""
     first = offset == 0
     part = (ref[SOURCE_AT], ref[ROW_AT], ref[EPOCH_AT], ref[START_AT] + offset, length, ref[NEW_DOCUMENT_AT] and first,
@@ -67,7 +71,20 @@ def split_piece(ref: Reference, tokens: np.ndarray, extra: PieceExtra | None, of
             labels = labels[offset : offset + length].copy()
             labels[-1] = IGNORE_INDEX
         extra = PieceExtra(labels, None if mask is None else mask[offset : offset + length])
-    return part, tokens[offset : offset + length], extra
+    return part, tokens + offset if type(tokens) is int else tokens[offset : offset + length], extra
+
+
+def token_arrays(refs: list[Reference], tokens: list[PieceTokens], stores: Mapping[str, Any] | None) -> list[np.ndarray]:
+    """Every piece's tokens as an array: a position is a view into its source's flat token array."""
+    arrays, flats = [], {}
+    for ref, entry in zip(refs, tokens):
+        if type(entry) is int:
+            flat = flats.get(ref[SOURCE_AT])
+            if flat is None:
+                flat = flats[ref[SOURCE_AT]] = stores[ref[SOURCE_AT]].flat_tokens()
+            entry = flat[entry : entry + ref[LENGTH_AT]]
+        arrays.append(entry)
+    return arrays
 
 
 def piece_labels(tokens: np.ndarray, extra: PieceExtra | None) -> np.ndarray:
@@ -92,17 +109,23 @@ def provenance_entry(ref: Reference) -> dict[str, Any]:
 
 
 class Pack:
-    """The pieces of one pack, in order (references, token views, extras), and their total length."""
+    """The pieces of one pack, in order (references, tokens, extras), and their total length.
 
-    __slots__ = ("refs", "tokens", "extras", "length")
+    Args:
+        stores: by source name, the sources whose flat token arrays the pieces' positions index
+            (the placer's, shared by all its packs).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("refs", "tokens", "extras", "length", "stores")
+
+    def __init__(self, stores: Mapping[str, Any] | None = None) -> None:
         self.refs: list[Reference] = []
-        self.tokens: list[np.ndarray] = []
+        self.tokens: list[PieceTokens] = []
         self.extras: list[PieceExtra | None] | None = None  # only once some piece has an extra
         self.length = 0
+        self.stores = stores
 
-    def add(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None = None) -> None:
+    def add(self, ref: Reference, tokens: PieceTokens, extra: PieceExtra | None = None) -> None:
         if extra is not None and self.extras is None:
             self.extras = [None] * len(self.refs)
         if self.extras is not None:
@@ -111,7 +134,7 @@ class Pack:
         self.tokens.append(tokens)
         self.length += ref[LENGTH_AT]
 
-    def pieces(self) -> Iterator[tuple[Reference, np.ndarray, PieceExtra | None]]:
+    def pieces(self) -> Iterator[tuple[Reference, PieceTokens, PieceExtra | None]]:
         extras = self.extras if self.extras is not None else [None] * len(self.refs)
         return zip(self.refs, self.tokens, extras)
 
@@ -119,7 +142,8 @@ class Pack:
         """The packed sample: every per-token array built with a few vectorised operations."""
         lens = [ref[LENGTH_AT] for ref in self.refs]
         n = self.length
-        input_ids = np.concatenate(self.tokens, dtype=np.int64, casting="same_kind")
+        input_ids = np.concatenate(token_arrays(self.refs, self.tokens, self.stores), dtype=np.int64,
+                                   casting="same_kind")
         ends = np.cumsum(lens)
         labels = np.empty(n, dtype=np.int64)
         labels[:-1] = input_ids[1:]

@@ -23,9 +23,17 @@ from typing import Any
 
 import numpy as np
 
-from lightning_tune_data.streams.pack_pieces import LENGTH_AT, TRUNCATED_AT, Pack, PieceExtra, Reference, split_piece
+from lightning_tune_data.streams.pack_pieces import (
+    LENGTH_AT,
+    TRUNCATED_AT,
+    Pack,
+    PieceExtra,
+    PieceTokens,
+    Reference,
+    split_piece,
+)
 
-PieceAdder = Callable[[Reference, np.ndarray, "PieceExtra | None"], None]
+PieceAdder = Callable[[Reference, PieceTokens, "PieceExtra | None"], None]
 
 # best_fit keeps its open packs' (free space, number) pairs as single ints, ordered like the
 # pairs: integer comparisons make the per-document bisect and insort several times cheaper.
@@ -47,11 +55,13 @@ class DocumentQueue:
         extras: each document's extra, or ``None`` when no document has one (a plain block).
         block: the source's block the documents were read in (``None``: documents restored from
             a saved state); the source rebuilds its position after any of them from it.
+
+    A document's tokens are a position in its source's flat token array (a block's) or a view.
     """
 
     __slots__ = ("refs", "tokens", "extras", "block", "at", "_ends")
 
-    def __init__(self, refs: list[Reference] | None = None, tokens: list[np.ndarray] | None = None,
+    def __init__(self, refs: list[Reference] | None = None, tokens: list[PieceTokens] | None = None,
                  extras: list[PieceExtra | None] | None = None, block: Any = None) -> None:
         self.refs = refs if refs is not None else []
         self.tokens = tokens if tokens is not None else []
@@ -95,6 +105,8 @@ class PackPlacer:
         self.free: list[int] = []
         self.next_number = 0
         self.ready: collections.deque[Pack] = collections.deque()
+        # By source name, the sources whose flat token arrays the queued documents' positions index.
+        self.stores: dict[str, Any] = {}
         self.add: PieceAdder = self._adder()
 
     def _adder(self) -> PieceAdder:
@@ -120,6 +132,7 @@ class PackPlacer:
         """Replace the open packs (oldest first)."""
         self.open, self.free, self.next_number = {}, [], 0
         for pack in packs:
+            pack.stores = self.stores
             number = self._open_pack(pack)
             if self.strategy == "best_fit":
                 self.free.append(free_key(self.max_seq_len - pack.length, number))
@@ -131,7 +144,7 @@ class PackPlacer:
         self.set_open([])
 
     # -- one piece ---------------------------------------------------------------------------
-    def place(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None) -> None:
+    def place(self, ref: Reference, tokens: PieceTokens, extra: PieceExtra | None) -> None:
         """Place one document, applying the overlong policy of ``greedy``/``best_fit``."""
         limit = self.max_seq_len
         if self.strategy != "concat" and ref[LENGTH_AT] > limit:
@@ -144,12 +157,12 @@ class PackPlacer:
             ref = ref[:TRUNCATED_AT] + (ref[TRUNCATED_AT] + cut,) + ref[TRUNCATED_AT + 1 :]
         self.add(ref, tokens, extra)
 
-    def _add_concat(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None) -> None:
+    def _add_concat(self, ref: Reference, tokens: PieceTokens, extra: PieceExtra | None) -> None:
         cap, open_packs = self.max_seq_len, self.open
         if open_packs:
             number, pack = next(iter(open_packs.items()))
         else:
-            pack = Pack()
+            pack = Pack(self.stores)
             number = self._open_pack(pack)
         n = ref[LENGTH_AT]
         if pack.length + n < cap:  # the common case: the whole document fits with room to spare
@@ -165,12 +178,12 @@ class PackPlacer:
             offset += take
             if pack.length == cap:
                 self.ready.append(open_packs.pop(number))
-                pack = Pack()
+                pack = Pack(self.stores)
                 number = self._open_pack(pack)
         if pack.length == 0:
             del open_packs[number]
 
-    def _add_greedy(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None) -> None:
+    def _add_greedy(self, ref: Reference, tokens: PieceTokens, extra: PieceExtra | None) -> None:
         cap, open_packs = self.max_seq_len, self.open
         if open_packs:
             number, pack = next(iter(open_packs.items()))
@@ -179,13 +192,13 @@ class PackPlacer:
         if open_packs:
             number, pack = next(iter(open_packs.items()))
         else:
-            pack = Pack()
+            pack = Pack(self.stores)
             number = self._open_pack(pack)
         pack.add(ref, tokens, extra)
         if pack.length == cap:
             self.ready.append(open_packs.pop(number))
 
-    def _add_best_fit(self, ref: Reference, tokens: np.ndarray, extra: PieceExtra | None) -> None:
+    def _add_best_fit(self, ref: Reference, tokens: PieceTokens, extra: PieceExtra | None) -> None:
         cap, free = self.max_seq_len, self.free
         n = ref[LENGTH_AT]
         i = bisect.bisect_left(free, n << _NUMBER_BITS)
@@ -199,7 +212,7 @@ class PackPlacer:
             else:
                 bisect.insort(free, key - (n << _NUMBER_BITS))
             return
-        pack = Pack()
+        pack = Pack(self.stores)
         pack.add(ref, tokens, extra)
         self._open_best_fit(pack)
 
@@ -244,7 +257,7 @@ class PackPlacer:
                 continue
             i = bisect_left(free, n << shift)
             if i == len(free):  # fits in no open pack: opens one
-                pack = Pack()
+                pack = Pack(self.stores)
                 pack.refs.append(ref)
                 pack.tokens.append(tokens[at])
                 pack.length = n
@@ -275,7 +288,7 @@ class PackPlacer:
         if self.open:
             pack = next(iter(self.open.values()))
         else:
-            pack = Pack()
+            pack = Pack(self.stores)
             self._open_pack(pack)
         before = ends[at - 1] if at else 0
         last = bisect.bisect_left(ends, before + self.max_seq_len - pack.length, lo=at)  # fills the pack

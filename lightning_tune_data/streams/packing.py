@@ -244,7 +244,8 @@ class IterablePackedDataset(TuneIterableDataset):
         block = self._child.read_block(_BLOCK_DOCUMENTS)
         if block is None:
             return False
-        self._queue = DocumentQueue(block.references(), block.input_ids, block=block)
+        self._placer.stores.update(block.stores)
+        self._queue = DocumentQueue(block.references(), block.tokens, block=block)
         return True
 
     # -- packs out -------------------------------------------------------------------------

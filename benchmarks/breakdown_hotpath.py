@@ -12,6 +12,13 @@ through ``train_dataloader()``; the difference is the loader's own work plus wha
 miss by being timed one at a time on data already in the CPU caches (in the real loop every batch
 reads fresh documents). The blocks reader of
 ``bench_hotpath.py`` is timed the same way for scale.
+
+A second table sets a ``best_fit`` batch against the best-fit floor of ``bench_hotpath.py`` (the
+same packs and outputs with Python only to place each document, no state, provenance or loader)
+plus the costs the floor leaves out that any loader with this package's guarantees pays: the
+``StatefulDataLoader`` itself (in-process, batches of 8 trivial items, no collation), the keyed
+permutation that replaces a stored shuffle order (mapping one batch's worth of positions to
+rows), and the state recorded after every batch.
 """
 
 from __future__ import annotations
@@ -21,10 +28,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-from bench_hotpath import PACKED_BATCH, BlocksReader, flat_tokens  # noqa: E402
+from bench_hotpath import PACKED_BATCH, BestFitFloor, BlocksReader, DocumentFloor, flat_offsets, flat_tokens  # noqa: E402
 from common import RESULTS_DIR  # noqa: E402
 
 
@@ -33,6 +43,39 @@ def cpu_us(fn, calls: int) -> float:
     for _ in range(calls):
         fn()
     return (time.process_time() - start) / calls * 1e6
+
+
+class _Trivial(torch.utils.data.IterableDataset):
+    """Yields ``1`` forever: a loader around it costs only its own work."""
+
+    def __iter__(self):
+        while True:
+            yield 1
+
+
+def loader_alone_us(calls: int) -> float:
+    """One in-process ``StatefulDataLoader`` batch of ``PACKED_BATCH`` trivial items, no collation."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    it = iter(StatefulDataLoader(_Trivial(), batch_size=PACKED_BATCH, num_workers=0, collate_fn=list))
+    next(it)
+    return cpu_us(lambda: next(it), calls)
+
+
+def permutation_us_per_document(num_rows: int, calls: int) -> float:
+    """The keyed permutation mapping positions to rows, per position (in calls of 4096 positions)."""
+    from lightning_tune_data.streams.permutation import KeyedPermutation
+
+    permutation = KeyedPermutation(num_rows, key=12345)
+    positions = np.arange(4096, dtype=np.int64)
+
+    def call() -> None:
+        permutation(positions)
+        positions[:] += 4096
+        if positions[-1] >= num_rows:
+            positions[:] -= positions[0]
+
+    return cpu_us(call, max(calls // 10, 10)) / 4096
 
 
 def main() -> int:
@@ -49,6 +92,7 @@ def main() -> int:
     cache = args.data_dir / f"cache_{args.token_docs}"
     rows = ["| path | batch | samples from the stream | collate | state after the batch | whole batch via train_dataloader() | rest: loader and cold caches |",
             "|---|---|---:|---:|---:|---:|---:|"]
+    measured: dict[str, dict[str, float]] = {}
     for name, packing, batch in (("packed concat", "concat", PACKED_BATCH), ("packed best_fit", "best_fit", PACKED_BATCH),
                                  ("unpacked", None, 16)):
         dm = common.make_datamodule(parquet, cache, False, packing, 0, batch)
@@ -63,10 +107,35 @@ def main() -> int:
         whole = cpu_us(lambda: next(loader_it), args.calls)
         rows.append(f"| {name} | {batch} x 2048 | {produce:.0f} | {collate:.0f} | {state:.0f} | {whole:.0f} | "
                     f"{whole - produce - collate - state:.0f} |")
+        counters = getattr(stream, "counters", {})
+        documents = counters.get("documents", 0) / max(counters.get("packs", 0), 1) * batch
+        measured[name] = {"whole": whole, "state": state, "documents": documents}
     web = common.make_datamodule(parquet, cache, False, None, 0, 16)._datasets["train"]["web"]
-    reader = BlocksReader(flat_tokens(web, args.data_dir / f"flat_tokens_{args.token_docs}.npy"), PACKED_BATCH, 0)
+    flat = flat_tokens(web, args.data_dir / f"flat_tokens_{args.token_docs}.npy")
+    offsets = flat_offsets(web, args.data_dir / f"flat_offsets_{args.token_docs}.npy")
+    reader = BlocksReader(flat, PACKED_BATCH, 0)
     blocks = cpu_us(lambda: next(reader), args.calls)
     rows.append(f"| blocks reader | {PACKED_BATCH} x 2049 | | | | {blocks:.0f} | |")
+    floors = {}
+    for floor in (DocumentFloor, BestFitFloor):
+        floor_reader = floor(flat, offsets, PACKED_BATCH, 0)
+        floors[floor.__name__] = cpu_us(lambda: next(floor_reader), args.calls)
+    rows.append(f"| shuffled-document floor | {PACKED_BATCH} x 2048 | | | | {floors['DocumentFloor']:.0f} | |")
+    rows.append(f"| best-fit floor | {PACKED_BATCH} x 2048 | | | | {floors['BestFitFloor']:.0f} | |")
+    best_fit = measured["packed best_fit"]
+    loader = loader_alone_us(args.calls)
+    permutation = permutation_us_per_document(len(web), args.calls) * best_fit["documents"]
+    bound = floors["BestFitFloor"] + loader + permutation + best_fit["state"]
+    rows += ["", f"A `best_fit` batch ({best_fit['documents']:.0f} documents) against the best-fit floor and what "
+             "the floor leaves out:", "",
+             "| | CPU µs per batch | blocks reader's time / this |", "|---|---:|---:|",
+             f"| best-fit floor (placement in Python, everything else vectorised) | {floors['BestFitFloor']:.0f} | "
+             f"{blocks / floors['BestFitFloor']:.3f}x |",
+             f"| + the StatefulDataLoader alone (in-process, 8 trivial items) | {loader:.0f} | |",
+             f"| + the keyed permutation for the batch's documents | {permutation:.0f} | |",
+             f"| + the state recorded after the batch | {best_fit['state']:.0f} | |",
+             f"| = the least a resumable `best_fit` loader pays | {bound:.0f} | {blocks / bound:.3f}x |",
+             f"| ours, whole batch via train_dataloader() | {best_fit['whole']:.0f} | {blocks / best_fit['whole']:.3f}x |"]
     info = common.machine_info()
     text = "\n".join([
         "# Hot path: CPU microseconds per batch, by component", "",

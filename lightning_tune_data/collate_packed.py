@@ -234,52 +234,61 @@ class PackedCollator:
                 "the packer and the collator the same max_seq_len."
             )
         width = _padded_length(longest, self.pad_to_multiple_of)
-        refs = [ref for pack in packs for ref in pack.refs]
-        pieces = len(refs)
-        counts = np.array([len(pack.refs) for pack in packs], dtype=np.int64)
-        columns = tuple(zip(*refs))
-        lens_list = columns[LENGTH_AT]
-        lens = np.array(lens_list, dtype=np.int64)
-        arange = self._arange
-        pack_of_piece = np.repeat(arange(batch_size), counts)
-        first_piece = np.cumsum(counts) - counts
-        document_in_pack = arange(pieces) - first_piece[pack_of_piece]
-
-        # Segments of the flattened [B, width] block: each row's pieces, then its padding.
-        pad_at = first_piece + counts + arange(batch_size)
-        piece_at = arange(pieces) + pack_of_piece
-        segment_lens = np.empty(pieces + batch_size, dtype=np.int64)
-        segment_lens[piece_at] = lens
-        segment_lens[pad_at] = width - np.array(pack_lengths, dtype=np.int64)
-        segment_documents = np.empty(pieces + batch_size, dtype=np.int64)
-        segment_documents[piece_at] = document_in_pack
-        segment_documents[pad_at] = PAD_DOCUMENT_ID
-        segment_starts = np.cumsum(segment_lens) - segment_lens
-        piece_starts = segment_starts[piece_at]
+        counts = [len(pack.refs) for pack in packs]
+        most = max(counts)
+        columns = tuple(zip(*[ref for pack in packs for ref in pack.refs]))
+        lens = columns[LENGTH_AT]
+        # Segments of the flattened [B, width] block: each row's pieces, then its padding (a few
+        # dozen values: Python lists are cheaper than NumPy calls at this size).
+        segment_lens: list[int] = []
+        segment_documents: list[int] = []
+        seq_lens_values: list[int] = []  # [B, most], row by row
+        zeros = (0,) * most
+        first = 0
+        for count, n in zip(counts, pack_lengths):
+            row_lens = lens[first : first + count]
+            first += count
+            segment_lens += row_lens
+            segment_lens.append(width - n)
+            segment_documents += range(count)
+            segment_documents.append(PAD_DOCUMENT_ID)
+            seq_lens_values += row_lens
+            seq_lens_values += zeros[count:]
+        segment_lens_array = np.array(segment_lens, dtype=np.int64)
+        segment_ends = segment_lens_array.cumsum()
 
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
-        block, seq_lens = _outputs(len(fills) + 1, batch_size, width, int(counts.max()))
+        block, seq_lens = _outputs(len(fills) + 1, batch_size, width, most)
         views = block.numpy()
         tokens, labels = views[0], views[1]
-        for row, (pack, n) in enumerate(zip(packs, pack_lengths)):
-            np.concatenate(token_arrays(pack.refs, pack.tokens, pack.stores), out=tokens[row, :n], casting="same_kind")
+        # Every row's pieces and padding, in one concatenation.
+        padding_tokens = np.full(width - min(pack_lengths), self.pad_id, dtype=np.int64)
+        arrays: list[np.ndarray] = []
+        for pack, n in zip(packs, pack_lengths):
+            arrays += token_arrays(pack.refs, pack.tokens, pack.stores)
+            if n < width:
+                arrays.append(padding_tokens[: width - n])
+        np.concatenate(arrays, out=tokens.reshape(-1), casting="same_kind")
         labels[:, :-1] = tokens[:, 1:]
         flat_labels = labels.reshape(-1)
-        flat_labels[piece_starts + lens - 1] = IGNORE_INDEX
-        for pack, first in zip(packs, first_piece.tolist()):
+        # Every segment's last label: a piece's end, or inside (or just before) a row's padding.
+        flat_labels[segment_ends - 1] = IGNORE_INDEX
+        for row, pack in enumerate(packs):
             if pack.extras is not None:  # a masked document carries its own labels
-                for index, extra in enumerate(pack.extras, start=first):
+                start = row * width
+                for ref, extra in zip(pack.refs, pack.extras):
                     if extra is not None and extra.labels is not None:
-                        start = int(piece_starts[index])
-                        flat_labels[start : start + lens_list[index]] = extra.labels
-        np.subtract(arange(batch_size * width), np.repeat(segment_starts, segment_lens), out=views[2].reshape(-1))
-        views[3].reshape(-1)[:] = np.repeat(segment_documents, segment_lens)
+                        flat_labels[start : start + ref[LENGTH_AT]] = extra.labels
+                    start += ref[LENGTH_AT]
+        np.subtract(self._arange(batch_size * width), (segment_ends - segment_lens_array).repeat(segment_lens_array),
+                    out=views[2].reshape(-1))
+        views[3].reshape(-1)[:] = np.array(segment_documents, dtype=np.int64).repeat(segment_lens_array)
         views[len(fills)].fill(1)
-        padding = np.array((*fills, 0), dtype=np.int64)[:, None]
+        padding = np.array((*fills[1:], 0), dtype=np.int64)[:, None]
         for row, n in enumerate(pack_lengths):
             if n < width:
-                views[:, row, n:] = padding
-        seq_lens.numpy()[pack_of_piece, document_in_pack] = lens
+                views[1:, row, n:] = padding
+        seq_lens.numpy().reshape(-1)[:] = seq_lens_values
         planes = block.unbind(0)
         batch: dict[str, Any] = dict(zip(self._ARRAY_KEYS, planes))
         batch[ATTENTION_MASK] = planes[len(fills)]
@@ -287,8 +296,8 @@ class PackedCollator:
         batch[PROVENANCE] = {
             SOURCE: list(columns[SOURCE_AT]),
             EPOCH: list(columns[EPOCH_AT]),
-            TOKENS: list(lens_list),
-            ROW: pack_of_piece.tolist(),
+            TOKENS: list(lens),
+            ROW: [row for row, count in enumerate(counts) for _ in range(count)],
             NEW_DOCUMENT: list(columns[NEW_DOCUMENT_AT]),
             DROPPED_BEFORE: list(columns[DROPPED_AT]),
             TRUNCATED_TOKENS: list(columns[TRUNCATED_AT]),

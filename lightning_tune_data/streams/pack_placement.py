@@ -21,8 +21,6 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from lightning_tune_data.streams.pack_pieces import (
     LENGTH_AT,
     TRUNCATED_AT,

@@ -165,7 +165,6 @@ class BestFitFloor:
         self.waiting_lengths: list[int] = []
         self.at = 0
         self.positions = np.arange(batch_size * SEQ, dtype=np.int64)
-        self.numbers = np.arange(batch_size, dtype=np.int64)
 
     def __iter__(self):
         return self
@@ -206,35 +205,42 @@ class BestFitFloor:
 
     def __next__(self) -> dict[str, torch.Tensor]:
         self._place()
+        lengths, starts = self.lengths, self.starts
+        # Segments of the [batch * SEQ] block: each row's documents, then its padding (a few dozen
+        # values: Python lists beat NumPy calls at this size).
+        segment_lens: list[int] = []
+        sources: list[int] = []
+        segment_documents: list[int] = []
+        filled: list[int] = []
         rows = [self.ready.popleft() for _ in range(self.batch_size)]
-        counts = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        documents = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(counts.sum()))
-        lengths = self.lengths[documents]
-        pieces = len(documents)
-        row_of = np.repeat(self.numbers, counts)
-        first = np.cumsum(counts) - counts
-        filled = np.bincount(row_of, weights=lengths, minlength=self.batch_size).astype(np.int64)
-        # Segments of the [batch * SEQ] block: each row's documents, then its padding.
-        piece_at = np.arange(pieces) + row_of
-        pad_at = first + counts + self.numbers
-        segment_lens = np.empty(pieces + self.batch_size, dtype=np.int64)
-        segment_lens[piece_at], segment_lens[pad_at] = lengths, SEQ - filled
-        sources = np.zeros(pieces + self.batch_size, dtype=np.int64)  # padding reads the first tokens
-        sources[piece_at] = self.starts[documents]
-        segment_documents = np.full(pieces + self.batch_size, -1, dtype=np.int64)
-        segment_documents[piece_at] = np.arange(pieces) - first[row_of]
-        segment_starts = np.cumsum(segment_lens) - segment_lens
+        documents = list(itertools.chain.from_iterable(rows))
+        document_lens, document_starts = lengths[documents].tolist(), starts[documents].tolist()
+        first = 0
+        for row in rows:
+            row_lens = document_lens[first : first + len(row)]
+            segment_lens += row_lens
+            sources += document_starts[first : first + len(row)]
+            first += len(row)
+            segment_documents += range(len(row))
+            filled.append(sum(row_lens))
+            segment_lens.append(SEQ - filled[-1])
+            sources.append(0)  # padding reads the first tokens, then is overwritten
+            segment_documents.append(-1)
+        segment_lens_array = np.array(segment_lens, dtype=np.int64)
+        segment_ends = segment_lens_array.cumsum()
+        segment_starts = segment_ends - segment_lens_array
         block = torch.empty((5, self.batch_size, SEQ), dtype=torch.int64)
         planes = block.numpy()
         tokens, labels, positions, document_ids, attention = planes.reshape(5, -1)
-        tokens[:] = self.flat[np.repeat(sources - segment_starts, segment_lens) + self.positions]
+        tokens[:] = self.flat[(np.array(sources, dtype=np.int64) - segment_starts).repeat(segment_lens_array)
+                              + self.positions]
         labels[:-1] = tokens[1:]
-        labels[segment_starts[piece_at] + lengths - 1] = -100
-        np.subtract(self.positions, np.repeat(segment_starts, segment_lens), out=positions)
-        document_ids[:] = np.repeat(segment_documents, segment_lens)
+        labels[segment_ends - 1] = -100  # every document's end (a padding segment's end is padding)
+        np.subtract(self.positions, segment_starts.repeat(segment_lens_array), out=positions)
+        document_ids[:] = np.array(segment_documents, dtype=np.int64).repeat(segment_lens_array)
         attention.fill(1)
         padding = np.array([0, -100, 0, -1, 0], dtype=np.int64)[:, None]
-        for row, n in enumerate(filled.tolist()):
+        for row, n in enumerate(filled):
             if n < SEQ:
                 planes[:, row, n:] = padding
         return dict(zip(("input_ids", "labels", "position_ids", "document_ids", "attention_mask"), block.unbind(0)))

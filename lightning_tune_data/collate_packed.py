@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from lightning_tune_data.collate_base import (
     _PACKED_PROVENANCE_KEYS,
@@ -46,15 +47,26 @@ from lightning_tune_data.streams.pack_pieces import (
 from lightning_tune_data.worker_memory import batch_tensor
 
 
-def _outputs(planes: int, batch_size: int, width: int, max_documents: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _outputs(planes: int, batch_size: int, width: int, max_documents: int,
+             ) -> tuple[np.ndarray, tuple[torch.Tensor, ...], np.ndarray, torch.Tensor]:
     """The ``[planes, B, width]`` block of a packed batch and its zeroed ``[B, max_documents]``
-    ``seq_lens``, views of one allocation: a batch leaving a worker is one shared-memory segment
-    (a second, small tensor cost about a quarter of the batches per second a worker delivers)."""
+    ``seq_lens``, views of one allocation, each as a NumPy array and as tensors (the block's
+    planes one by one).
+
+    In a dataloader worker the tensors are views of one shared-memory storage, so a batch leaves
+    the worker as one segment (a second, small tensor cost about a quarter of the batches per
+    second a worker delivers); in the main process they wrap the NumPy views directly (the
+    fewest tensor operations).
+    """
     size = planes * batch_size * width
     storage = batch_tensor((size + batch_size * max_documents,), torch.int64)
-    seq_lens = storage[size:].view(batch_size, max_documents)
-    seq_lens.numpy().fill(0)
-    return storage[:size].view(planes, batch_size, width), seq_lens
+    values = storage.numpy()
+    block, seq_lens = values[:size].reshape(planes, batch_size, width), values[size:].reshape(batch_size, max_documents)
+    seq_lens.fill(0)
+    if get_worker_info() is None:
+        return block, tuple(torch.from_numpy(plane) for plane in block), seq_lens, torch.from_numpy(seq_lens)
+    return block, storage[:size].view(planes, batch_size, width).unbind(0), seq_lens, storage[size:].view(
+        batch_size, max_documents)
 
 
 def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, list[Any]]:
@@ -192,11 +204,9 @@ class PackedCollator:
 
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
         # One tensor holds every [B, L] output (one shared-memory segment per batch from a worker).
-        block, seq_lens_tensor = _outputs(len(fills) + 1, batch_size, width, max_documents)
-        views = block.numpy()
+        views, planes, seq_lens, seq_lens_tensor = _outputs(len(fills) + 1, batch_size, width, max_documents)
         outputs = list(views[: len(fills)])
         attention_mask = views[len(fills)]
-        seq_lens = seq_lens_tensor.numpy()
         for row, (arrays, row_seq_lens, _) in enumerate(validated):
             # Row by row: each output row is one copy of the pack plus one fill of its padding.
             n = arrays[0].shape[0]
@@ -209,8 +219,8 @@ class PackedCollator:
                 attention_mask[row, n:] = 0
             seq_lens[row, : len(row_seq_lens)] = row_seq_lens
 
-        batch: dict[str, Any] = {key: block[i] for i, key in enumerate(self._ARRAY_KEYS)}
-        batch[ATTENTION_MASK] = block[len(fills)]
+        batch: dict[str, Any] = dict(zip(self._ARRAY_KEYS, planes))
+        batch[ATTENTION_MASK] = planes[len(fills)]
         batch[SEQ_LENS] = seq_lens_tensor
         batch[PROVENANCE] = packed_provenance([v[2] for v in validated])
         return batch
@@ -258,8 +268,7 @@ class PackedCollator:
         segment_ends = segment_lens_array.cumsum()
 
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
-        block, seq_lens = _outputs(len(fills) + 1, batch_size, width, most)
-        views = block.numpy()
+        views, planes, seq_lens, seq_lens_tensor = _outputs(len(fills) + 1, batch_size, width, most)
         tokens, labels = views[0], views[1]
         # Every row's pieces and padding, in one concatenation.
         padding_tokens = np.full(width - min(pack_lengths), self.pad_id, dtype=np.int64)
@@ -269,8 +278,9 @@ class PackedCollator:
             if n < width:
                 arrays.append(padding_tokens[: width - n])
         np.concatenate(arrays, out=tokens.reshape(-1), casting="same_kind")
-        labels[:, :-1] = tokens[:, 1:]
         flat_labels = labels.reshape(-1)
+        # Shifted over the whole block: a row's last label is a piece's end or padding, set below.
+        flat_labels[:-1] = tokens.reshape(-1)[1:]
         # Every segment's last label: a piece's end, or inside (or just before) a row's padding.
         flat_labels[segment_ends - 1] = IGNORE_INDEX
         for row, pack in enumerate(packs):
@@ -288,11 +298,10 @@ class PackedCollator:
         for row, n in enumerate(pack_lengths):
             if n < width:
                 views[1:, row, n:] = padding
-        seq_lens.numpy().reshape(-1)[:] = seq_lens_values
-        planes = block.unbind(0)
+        seq_lens.reshape(-1)[:] = seq_lens_values
         batch: dict[str, Any] = dict(zip(self._ARRAY_KEYS, planes))
         batch[ATTENTION_MASK] = planes[len(fills)]
-        batch[SEQ_LENS] = seq_lens
+        batch[SEQ_LENS] = seq_lens_tensor
         batch[PROVENANCE] = {
             SOURCE: list(columns[SOURCE_AT]),
             EPOCH: list(columns[EPOCH_AT]),

@@ -34,14 +34,16 @@ In ``greedy``/``best_fit`` a document is never split; one longer than ``max_seq_
 truncated to ``max_seq_len`` (``overlong="truncate"``) or dropped (``"drop"``), and counted.
 Empty documents are dropped and counted.
 
-Hot path: from a plain ``ArrowSource`` (no transforms, filter or loss mask) the packer reads
-blocks of 512 documents as zero-copy views with their row references, places them by length
-alone (``pack_placement.py``: a run of whole documents at once for ``concat``), and
-``PackedCollator`` builds each batch from the packs' pieces in bulk (one gather of the tokens,
-labels by one shift plus a mask at piece ends, ids by repeat, provenance by one transpose of the
-piece references). The documents of a block not packed yet are held by reference in the state,
-so the state after every pack still describes exactly the position after it. Other children are
-read one document at a time, with the same packs as the result. :meth:`IterablePackedDataset.snapshot`
+Hot path: from a plain ``ArrowSource`` (no transforms, filter or loss mask), or a mixture of
+them, the packer reads blocks of 512 documents as row references and positions in the source's
+flat token array (no object per document), places them by length alone
+(``pack_placement.py``: a run of whole documents at once for ``concat``), and
+``PackedCollator`` builds each batch from the packs' pieces in bulk (one concatenation of the
+tokens and padding, labels by one shift plus a mask at piece ends, ids by repeat, provenance by
+one transpose of the piece references). The state after every pack records the source's
+position right after the last packed document of the block, so documents read ahead and not
+packed yet are read again on resume. Other children are read one document at a time, with the
+same packs as the result. :meth:`IterablePackedDataset.snapshot`
 records a position in microseconds and builds its state only when asked; the train loader takes
 one after every batch.
 
@@ -367,9 +369,10 @@ class IterablePackedDataset(TuneIterableDataset):
         the loader takes one after every batch and builds the state only when a checkpoint asks.
         """
         self._resolve()
-        held = [(pack, len(pack.refs)) for pack in self._placer.open.values()]
-        num_open = len(held)
-        held.extend((pack, len(pack.refs)) for pack in self._placer.ready)
+        packs = list(self._placer.open.values())
+        num_open = len(packs)
+        packs.extend(self._placer.ready)
+        counts = [len(pack.refs) for pack in packs]
         queue = self._queue
         block, placed = queue.block, queue.at
         fixed = {
@@ -388,7 +391,7 @@ class IterablePackedDataset(TuneIterableDataset):
         child, name = self._child, self._dataset_name
 
         def build() -> dict[str, Any]:
-            state = {**fixed, "packs": _held_state(held)}
+            state = {**fixed, "packs": _held_state(packs, counts)}
             if pending is not None:
                 state["pending"] = _pending_state(*pending)
             if block is not None:  # the source's position after the last placed document of its block
@@ -450,8 +453,9 @@ class IterablePackedDataset(TuneIterableDataset):
         return self._child.read_document(source, row, epoch)
 
 
-def _held_state(held: list[tuple[Pack, int]]) -> dict[str, Any]:
-    """The state of packs recorded as ``(pack, piece count at the time)``."""
+def _held_state(packs: list[Pack], counts: list[int]) -> dict[str, Any]:
+    """The state of ``packs`` as they were when each held ``counts[i]`` pieces."""
+    held = list(zip(packs, counts))
     refs = [ref for pack, count in held for ref in pack.refs[:count]]
     inline = []
     if any(ref[ROW_AT] == NOT_REREADABLE for ref in refs):

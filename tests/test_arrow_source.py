@@ -371,16 +371,24 @@ def _row_views_and_flat_reads(chunked: pa.Table) -> tuple[list[list[int]], list[
 
 
 @pytest.mark.parametrize("value_type", [pa.int32(), pa.int64(), pa.uint16()])
-def test_flat_positions_read_the_same_tokens_as_row_views_across_slices_and_empty_chunks(value_type):
+@pytest.mark.parametrize("large", [False, True])
+def test_flat_positions_read_the_same_tokens_as_row_views_across_slices_and_empty_chunks(value_type, large):
+    list_type = (pa.large_list if large else pa.list_)(value_type)
+
     def part(start: int, stop: int) -> pa.Table:
         ids = [[i % 50] * (i % 5) for i in range(stop)]  # every fifth document is empty
-        return pa.table({"input_ids": pa.array(ids, type=pa.list_(value_type))}).slice(start, stop - start)
+        return pa.table({"input_ids": pa.array(ids, type=list_type)}).slice(start, stop - start)
 
+    values = pa.array(np.arange(100) % 50, type=value_type).slice(30)  # lists over a sliced values array
+    offsets = pa.array([0, 4, 4, 11], type=pa.int64() if large else pa.int32())
+    over_slice = (pa.LargeListArray if large else pa.ListArray).from_arrays(offsets, values)
     empty = part(0, 0)
-    chunked = pa.concat_tables([part(3, 10), empty, part(0, 1), part(20, 41), empty, part(7, 9)])
-    assert chunked.column("input_ids").num_chunks == 6
+    chunked = pa.concat_tables([part(3, 10), empty, part(0, 1), part(20, 41), empty,
+                                pa.table({"input_ids": over_slice}), part(7, 9)])
+    assert chunked.column("input_ids").num_chunks == 7
     by_view, by_position = _row_views_and_flat_reads(chunked)
-    assert by_position == by_view and len(by_view) == 7 + 1 + 21 + 2
+    assert by_position == by_view and len(by_view) == 7 + 1 + 21 + 3 + 2
+    assert by_view[29:32] == [[30, 31, 32, 33], [], [34, 35, 36, 37, 38, 39, 40]]
 
 
 def test_flat_positions_span_a_datasets_cache_saved_as_several_memory_mapped_files(tmp_path):

@@ -152,11 +152,6 @@ class _ListColumn:
         return np.concatenate([np.diff(self._view(i)[0]) for i in range(count)]) if count else np.zeros(0, np.int64)
 
 
-def _address(array: pa.Array) -> int:
-    """Where the first value of a primitive Arrow array is in memory."""
-    return array.buffers()[1].address + array.offset * array.type.byte_width
-
-
 class _FlatColumn:
     """A ``list<int>`` column as two flat zero-copy arrays: every chunk's values, and every chunk's
     offsets, each in one NumPy array.
@@ -181,34 +176,45 @@ class _FlatColumn:
         self.row_starts = row_starts
 
     @staticmethod
-    def _span(arrays: list[pa.Array | None], base: Any) -> tuple[np.ndarray, np.ndarray] | None:
-        """One array over the buffers of ``arrays`` (``None`` entries are empty) and each one's start in it."""
-        present = [array for array in arrays if array is not None]
-        dtype = present[0].type.to_pandas_dtype()
-        width = present[0].type.byte_width
-        addresses = [_address(array) for array in present]
-        low = min(addresses)
-        high = max(address + len(array) * width for address, array in zip(addresses, present))
-        if any((address - low) % width for address in addresses):
+    def _span(addresses: list[int], sizes: list[int], dtype: np.dtype, base: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """One array of ``dtype`` over the buffers at ``addresses`` (``sizes`` items each; empty ones
+        are skipped) and each one's first item in it; ``None`` when they are not aligned to each other."""
+        width = dtype.itemsize
+        present = [(address, size) for address, size in zip(addresses, sizes) if size]
+        low = min(address for address, _ in present)
+        high = max(address + size * width for address, size in present)
+        starts = np.array(addresses, dtype=np.int64) - low
+        if np.any(starts % width):
             return None
         flat = np.frombuffer(pa.foreign_buffer(low, high - low, base=base), dtype=dtype)
-        starts = iter(addresses)
-        return flat, np.array([0 if array is None else (next(starts) - low) // width for array in arrays], np.int64)
+        return flat, np.where(np.array(sizes) > 0, starts // width, 0)
 
     @classmethod
     def of(cls, column: pa.ChunkedArray, row_starts: np.ndarray) -> _FlatColumn | None:
         """The flat arrays of ``column`` (whose chunks start at ``row_starts``), or ``None`` when its
-        values are not null-free integers."""
-        chunks = list(column.iterchunks())
-        if not chunks or not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+X
+        kind = column.type
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):
             return None
-        if not pa.types.is_integer(column.type.value_type) or any(chunk.values.null_count for chunk in chunks):
+        value_dtype = np.dtype(kind.value_type.to_pandas_dtype())
+        offset_dtype = np.dtype(np.int32 if pa.types.is_list(kind) else np.int64)
+        value_addresses, value_sizes, offset_addresses, offset_sizes = [], [], [], []
+        for chunk in column.iterchunks():
+            rows = len(chunk)
+            # A list<int> chunk's buffers: validity, offsets, the values' validity, the values.
+            _, offsets, values_validity, values_data = chunk.buffers()
+            values = chunk.values
+            if values_validity is not None and values.null_count:
+                return None
+            size = len(values) if rows else 0
+            value_addresses.append(values_data.address + values.offset * value_dtype.itemsize if size else 0)
+            value_sizes.append(size)
+            offset_addresses.append(offsets.address + chunk.offset * offset_dtype.itemsize if rows else 0)
+            offset_sizes.append(rows + 1 if rows else 0)
+        if not any(value_sizes):
             return None
-        values = [chunk.values if len(chunk.values) else None for chunk in chunks]
-        offsets = [chunk.offsets if len(chunk) else None for chunk in chunks]
-        if all(array is None for array in values):
-            return None
-        value_span, offset_span = cls._span(values, column), cls._span(offsets, column)
+        value_span = cls._span(value_addresses, value_sizes, value_dtype, column)
+        offset_span = cls._span(offset_addresses, offset_sizes, offset_dtype, column)
         if value_span is None or offset_span is None:
             return None
         return cls(*value_span, *offset_span, row_starts)

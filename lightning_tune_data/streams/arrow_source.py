@@ -192,7 +192,8 @@ class _FlatColumn:
     @classmethod
     def of(cls, column: pa.ChunkedArray, row_starts: np.ndarray) -> _FlatColumn | None:
         """The flat arrays of ``column`` (whose chunks start at ``row_starts``), or ``None`` when its
-X
+        values are not null-free integers. One pass over the chunks' buffers, once per process
+        (~3 µs per chunk: ~0.7 s for a cache of 200,000 record batches)."""
         kind = column.type
         if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):
             return None

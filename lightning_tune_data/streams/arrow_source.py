@@ -14,7 +14,10 @@ different layout a short list of positions still owed), plus counters. It is the
 step 10 and at step 10 million, and it can be merged across shards and re-split for another
 number of ranks or workers (see :meth:`ArrowSource.merge_shard_states`).
 
-Rows are read as zero-copy NumPy views into the memory-mapped ``input_ids`` column.
+Rows are read as zero-copy NumPy views into the memory-mapped ``input_ids`` column. A packer
+reads blocks of documents instead (:meth:`ArrowSource.read_block`): each document is then its
+row reference and the position of its first token in one flat view of the column's values, with
+no Python object per document until a batch is collated.
 """
 
 from __future__ import annotations

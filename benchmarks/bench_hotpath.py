@@ -11,7 +11,10 @@ Three comparisons, each with its baseline measured in the same run, alternated r
   blocks does (no documents, no shuffle of documents, no ``position_ids``/``document_ids``, no
   provenance). Ours: ``TextDataModule.train_dataloader()`` with ``packing`` ``concat`` and
   ``best_fit`` over one source. Goals: ``concat`` >= 0.5x, ``best_fit`` >= 0.25x (tokens/s).
-  A third row measures the bare document stream (``ArrowSource`` iterated alone, no packing, no
+  Two floors bound them: :class:`DocumentFloor` (shuffled documents cut into rows, no Python per
+  document) for ``concat`` and :class:`BestFitFloor` (the same, with each document placed by the
+  best-fit rule in Python) for ``best_fit``; neither keeps state or provenance or runs a loader.
+  Another row measures the bare document stream (``ArrowSource`` iterated alone, no packing, no
   collation): every packer that consumes documents one by one is bounded by it.
 * **Unpacked vs ``datasets``** (in-process, batch 16): ours (``PaddedCollator``) against
   ``Dataset.to_iterable_dataset(num_shards=64).shuffle(buffer_size=1000)`` in a ``DataLoader``
@@ -24,7 +27,7 @@ Three comparisons, each with its baseline measured in the same run, alternated r
   after every batch). Goal >= 0.8x batches/s.
 
 Throughput is real (non-padding) tokens per second: ``attention_mask.sum()`` for ours and the
-``datasets`` baseline, ``8 x 2048`` per batch for the blocks reader. Each measurement runs for a
+``datasets`` baseline and the floors, ``8 x 2048`` per batch for the blocks reader. Each measurement runs for a
 fixed wall-clock budget after 3 warm-up batches (worker start-up excluded).
 """
 

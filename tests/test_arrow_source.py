@@ -409,3 +409,14 @@ def test_values_that_are_not_null_free_integers_have_no_flat_view(values):
     source = ArrowSource(pa.table({"input_ids": values}), "src")
     source._columns()
     assert source._input_ids.flat() is None
+
+
+def test_flat_positions_span_memory_mapped_and_in_memory_chunks_far_apart(tmp_path):
+    path = tmp_path / "docs.arrow"
+    on_disk = pa.table({"input_ids": pa.array([[i] * (1 + i % 4) for i in range(300)], type=pa.list_(pa.int32()))})
+    with pa.ipc.new_file(str(path), on_disk.schema) as writer:
+        writer.write_table(on_disk, max_chunksize=64)
+    mapped = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+    in_memory = pa.table({"input_ids": pa.array([[7, 8, 9]] * 5, type=pa.list_(pa.int32()))})
+    by_view, by_position = _row_views_and_flat_reads(pa.concat_tables([in_memory, mapped, in_memory]))
+    assert by_position == by_view and len(by_view) == 310

@@ -45,6 +45,7 @@ from .base import (
     TRUNCATED_TOKENS,
     TuneIterableDataset,
 )
+from .pack_pieces import token_arrays
 from .pass_order import PassPlan, ShardPasses, merge_remaining, split_remaining
 from .permutation import KeyedPermutation, permutation_key
 from .source_state import SourceCounters, shard_mismatch_error
@@ -279,9 +280,7 @@ class DocumentBlock:
     @property
     def input_ids(self) -> list[np.ndarray]:
         """Each document's tokens as a zero-copy view."""
-        if self.store is None:
-            return self.tokens
-        return [self.store.token_view(position, length) for position, length in zip(self.tokens, self.lengths)]
+        return token_arrays(self.references(), self.tokens, self.stores)
 
     def skipped_through(self, read: int, max_seq_len: int | None) -> tuple[int, int]:
         """How many of the first ``read`` rows read were empty, and how many longer than ``max_seq_len``."""
@@ -678,10 +677,6 @@ class ArrowSource(TuneIterableDataset):
         if flat is None:
             raise TypeError(f"Source '{self._name}': the '{INPUT_IDS}' values are not null-free integers.")
         return flat.values
-
-    def token_view(self, position: int, length: int) -> np.ndarray:
-        """The ``length`` tokens at ``position`` of :meth:`flat_tokens` (a document of a block), as a view."""
-        return self.flat_tokens()[position : position + length]
 
     def state_after_block(self, block: DocumentBlock, documents: int) -> dict[str, Any]:
         """This source's state right after the first ``documents`` documents of ``block``.

@@ -4,8 +4,8 @@ An :class:`~lightning_tune_data.streams.interleave.InterleavedDataset` whose chi
 blocks (plain, infinite ``ArrowSource`` children) hands the packer a :class:`MixedBlock`: the
 next ``limit`` draws of the mixture, made exactly as one-document iteration makes them, with
 each document taken from its child's current block by reference (a row reference and its
-tokens' position or view, no per-document dict). A child's block outlives the mixed block that started it: what the
-mixture has not drawn from it yet waits for the next draws of that child.
+tokens' position or view, no per-document dict). A child's block outlives the mixed block that
+started it: what the mixture has not drawn from it yet waits for the next draws of that child.
 
 The mixed block records, per draw, which child it took, that child's block and position, and
 that child's account after the draw. From these :meth:`MixedReader.state_after` rebuilds the
@@ -46,6 +46,8 @@ class MixedBlock:
     Args:
         refs, tokens: per draw, the document's piece reference and its tokens (a position in its
             source's flat token array, found through ``stores``, or a view).
+        stores: by source name, the sources whose flat token arrays the positions index (the
+            reader's, shared by its mixed blocks).
         draws_start: the mixture's draw counter before the block.
         accounts_start: per child, ``[documents, tokens]`` drawn before the block.
         children_start: per child, where it stood before the block: ``(block, position)`` or
@@ -58,10 +60,11 @@ class MixedBlock:
     __slots__ = ("refs", "tokens", "stores", "draws_start", "accounts_start", "children_start", "chosen",
                  "child_blocks", "positions", "accounts")
 
-    def __init__(self, draws_start: int, accounts_start: list[list[float]], children_start: list[Any]) -> None:
+    def __init__(self, stores: dict[str, Any], draws_start: int, accounts_start: list[list[float]],
+                 children_start: list[Any]) -> None:
         self.refs: list[tuple] = []
         self.tokens: list[PieceTokens] = []
-        self.stores: dict[str, Any] = {}
+        self.stores = stores
         self.draws_start = draws_start
         self.accounts_start = accounts_start
         self.children_start = children_start
@@ -102,9 +105,8 @@ class MixedReader:
         """The next ``limit`` draws of the mixture (it advances past them, like iteration)."""
         mixture = self.mixture
         children, cursors = mixture.datasets, self.cursors
-        block = MixedBlock(mixture._draws, [list(account) for account in mixture._consumed],
+        block = MixedBlock(self.stores, mixture._draws, [list(account) for account in mixture._consumed],
                            [self._child_position(i) for i in range(len(children))])
-        block.stores = self.stores
         refs, tokens, chosen = block.refs, block.tokens, block.chosen
         child_blocks, positions, accounts = block.child_blocks, block.positions, block.accounts
         candidates = mixture._candidates(list(range(len(children))))

@@ -9,7 +9,8 @@ packer keeps three things per piece, in parallel lists of its :class:`Pack`:
   be re-read);
 * its *tokens*: for a document read in a block of an ``ArrowSource``, the position (an ``int``)
   of its first token in that source's flat token array (``flat_tokens()``, found through the
-  pack's ``stores`` by the reference's source name); otherwise a zero-copy view;
+  pack's ``stores`` by the reference's source name; :func:`token_arrays` turns positions into
+  views); otherwise a zero-copy view;
 * an optional :class:`PieceExtra`: explicit labels (a document with a loss mask) and, for a
   document that cannot be re-read, its loss mask (both travel in the state with its tokens).
 

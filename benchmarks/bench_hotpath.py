@@ -6,7 +6,7 @@ Three comparisons, each with its baseline measured in the same run, alternated r
 * **Packed vs pre-concatenated blocks** (in-process, ``max_seq_len`` 2048, batch 8). Baseline:
   the *blocks reader*: the cache's tokens written once as one flat memory-mapped ``int32`` array
   (``np.save`` + ``np.load(mmap_mode="r")``), each batch 8 random contiguous windows of 2049
-  tokens gathered with one fancy index into an ``int64`` ``[8, 2049]`` tensor, split into
+  tokens copied (one slice copy per window) into an ``int64`` ``[8, 2049]`` tensor, split into
   ``inputs = w[:, :-1]`` and shifted ``labels = w[:, 1:]``. That is all a reader of pre-packed
   blocks does (no documents, no shuffle of documents, no ``position_ids``/``document_ids``, no
   provenance). Ours: ``TextDataModule.train_dataloader()`` with ``packing`` ``concat`` and
@@ -69,14 +69,16 @@ class BlocksReader:
         self.flat = flat
         self.batch_size = batch_size
         self.rng = np.random.default_rng(seed)
-        self.window = np.arange(SEQ + 1, dtype=np.int64)
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
         starts = self.rng.integers(0, len(self.flat) - SEQ - 1, size=self.batch_size)
-        windows = torch.from_numpy(self.flat[starts[:, None] + self.window].astype(np.int64))
+        windows = torch.empty((self.batch_size, SEQ + 1), dtype=torch.int64)
+        rows = windows.numpy()
+        for row, start in enumerate(starts.tolist()):  # one copy per window: faster than a fancy index
+            rows[row] = self.flat[start : start + SEQ + 1]
         return {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}
 
 
@@ -94,10 +96,11 @@ def flat_offsets(dataset, path: Path) -> np.ndarray:
 
 class DocumentFloor:
     """Shuffled whole documents cut into ``[batch, SEQ]`` rows, every output of a packed batch built
-    with a few vectorised NumPy operations and no Python step per document.
+    with a few vectorised NumPy operations (the only Python step per document is slicing its bytes
+    for the join of their tokens).
 
     The same documents as the cache, in a stored random order; per batch: the next documents
-    whose tokens fill ``batch x SEQ``, gathered with one fancy index, labels shifted with ``-100``
+    whose tokens fill ``batch x SEQ``, gathered with one join of byte ranges, labels shifted with ``-100``
     at document ends, ``position_ids``/``document_ids`` by repeat, an attention mask of ones, in
     one ``[5, batch, SEQ]`` int64 block. No state, no provenance, no loader: the least work that
     turns shuffled documents into packed rows, i.e. the floor of any packer of shuffled documents.
@@ -128,7 +131,7 @@ class DocumentFloor:
         out_starts = np.cumsum(lengths) - lengths
         block = torch.empty((5, self.batch_size, SEQ), dtype=torch.int64)
         tokens, labels, positions, documents, mask = block.numpy().reshape(5, -1)
-        tokens[:] = self.flat[np.repeat(self.starts[docs] - out_starts, lengths) + self.positions]
+        tokens[:] = join_ranges(self.flat, self.starts[docs].tolist(), lengths.tolist())
         labels[:-1] = tokens[1:]
         labels[out_starts + lengths - 1] = -100
         np.subtract(self.positions, np.repeat(out_starts, lengths), out=positions)
@@ -147,7 +150,7 @@ class BestFitFloor:
     bisecting integer ``(free space, number)`` keys, else opens a row; with more than
     ``buffer_size`` rows open the fullest is emitted (the packer's ``best_fit`` rule). Per batch,
     the rows' documents and padding are segments of one ``[batch * SEQ]`` block: tokens by one
-    fancy index, labels shifted with ``-100`` at document ends, ``position_ids``/``document_ids``
+    join of byte ranges, labels shifted with ``-100`` at document ends, ``position_ids``/``document_ids``
     by repeat, an attention mask, each row's padding written once. No state, no provenance, no
     loader.
     """
@@ -235,8 +238,7 @@ class BestFitFloor:
         block = torch.empty((5, self.batch_size, SEQ), dtype=torch.int64)
         planes = block.numpy()
         tokens, labels, positions, document_ids, attention = planes.reshape(5, -1)
-        tokens[:] = self.flat[(np.array(sources, dtype=np.int64) - segment_starts).repeat(segment_lens_array)
-                              + self.positions]
+        tokens[:] = join_ranges(self.flat, sources, segment_lens)
         labels[:-1] = tokens[1:]
         labels[segment_ends - 1] = -100  # every document's end (a padding segment's end is padding)
         np.subtract(self.positions, segment_starts.repeat(segment_lens_array), out=positions)
@@ -251,11 +253,11 @@ class BestFitFloor:
 
 class PaddedFloor:
     """Shuffled whole documents padded into ``[batch, L]`` rows (``L`` the longest, at most ``SEQ``),
-    every output of an unpacked batch built with a few whole-batch NumPy operations and no Python
-    step per document: the floor of any loader of shuffled, padded documents.
+    every output of an unpacked batch built with a few whole-batch NumPy operations (the only Python
+    step per document is slicing its bytes): the floor of any loader of shuffled, padded documents.
 
     Per batch: the next ``batch`` documents of a stored random order, their tokens gathered from
-    the flat array with one fancy index, ``attention_mask`` and ``position_ids`` from the lengths,
+    the flat array with one join of byte ranges, ``attention_mask`` and ``position_ids`` from the lengths,
     ``input_ids`` padded with 0, ``labels`` shifted with ``-100`` at document ends and on padding,
     in one ``[4, batch, L]`` int64 block. No state, no provenance, no loader.
     """
@@ -278,8 +280,7 @@ class PaddedFloor:
         self.cursor += self.batch_size
         lengths = self.lengths[docs]
         width = int(lengths.max())
-        ends = np.cumsum(lengths)
-        tokens = self.flat[np.repeat(self.starts[docs] - (ends - lengths), lengths) + np.arange(int(ends[-1]))]
+        tokens = join_ranges(self.flat, self.starts[docs].tolist(), lengths.tolist())
         block = torch.empty((4, self.batch_size, width), dtype=torch.int64)
         input_ids, labels, attention_mask, position_ids = block.numpy()
         real = self.columns[None, :width] < lengths[:, None]
@@ -290,6 +291,16 @@ class PaddedFloor:
         labels.fill(-100)
         np.copyto(labels[:, :-1], input_ids[:, 1:], where=real[:, 1:])
         return dict(zip(("input_ids", "labels", "attention_mask", "position_ids"), block.unbind(0)))
+
+
+def join_ranges(flat: np.ndarray, starts: list[int], lengths: list[int]) -> np.ndarray:
+    """The tokens ``flat[s : s + n]`` of every range, back to back, as one array of ``flat``'s dtype.
+
+    One join of byte ranges: measured here at about half the time of one fancy index over the same
+    tokens (which first builds an int64 index per token), so every reader below gathers this way.
+    """
+    data, item = memoryview(flat).cast("B"), flat.itemsize
+    return np.frombuffer(b"".join([data[s * item : (s + n) * item] for s, n in zip(starts, lengths)]), dtype=flat.dtype)
 
 
 def drain_blocks(flat: np.ndarray, budget_s: float, seed: int, offsets: np.ndarray | None = None,

@@ -42,7 +42,7 @@ from lightning_tune_data.streams.pack_pieces import (
     TRUNCATED_AT,
     Pack,
     PackedSample,
-    token_arrays,
+    write_rows,
 )
 from lightning_tune_data.worker_memory import batch_tensor
 
@@ -270,14 +270,7 @@ class PackedCollator:
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
         views, planes, seq_lens, seq_lens_tensor = _outputs(len(fills) + 1, batch_size, width, most)
         tokens, labels = views[0], views[1]
-        # Every row's pieces and padding, in one concatenation.
-        padding_tokens = np.full(width - min(pack_lengths), self.pad_id, dtype=np.int64)
-        arrays: list[np.ndarray] = []
-        for pack, n in zip(packs, pack_lengths):
-            arrays += token_arrays(pack.refs, pack.tokens, pack.stores)
-            if n < width:
-                arrays.append(padding_tokens[: width - n])
-        np.concatenate(arrays, out=tokens.reshape(-1), casting="same_kind")
+        write_rows(packs, width, self.pad_id, tokens.reshape(-1))
         flat_labels = labels.reshape(-1)
         # Shifted over the whole block: a row's last label is a piece's end or padding, set below.
         flat_labels[:-1] = tokens.reshape(-1)[1:]

@@ -22,7 +22,7 @@ in this piece).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -86,6 +86,56 @@ def token_arrays(refs: list[Reference], tokens: list[PieceTokens], stores: Mappi
             entry = flat[entry : entry + ref[LENGTH_AT]]
         arrays.append(entry)
     return arrays
+
+
+def _flat_bytes(packs: Sequence[Pack]) -> tuple[dict[str, memoryview], np.dtype] | None:
+    """By source name, the bytes of the flat token arrays the packs' positions index, and their
+    one dtype; ``None`` when there are none or their dtypes differ."""
+    flats: dict[str, memoryview] = {}
+    dtype = None
+    for stores in {id(pack.stores): pack.stores for pack in packs if pack.stores}.values():
+        for name, store in stores.items():
+            flat = store.flat_tokens()
+            if dtype is not None and flat.dtype != dtype:
+                return None
+            dtype = flat.dtype
+            flats[name] = memoryview(flat).cast("B")
+    return None if dtype is None else (flats, dtype)
+
+
+def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray) -> None:
+    """Write every pack's tokens, each row padded with ``pad_id`` to ``width`` tokens, into the
+    flat array ``out`` (``len(packs) * width`` items).
+
+    When every piece is a position in flat token arrays of one integer dtype that holds
+    ``pad_id`` (documents read in blocks), the rows are one join of byte ranges, converted in one
+    copy: slicing bytes costs a fraction of building a NumPy view per piece. Otherwise the
+    pieces' arrays and the padding are concatenated.
+    """
+    found = _flat_bytes(packs)
+    if found is not None and np.iinfo(found[1]).min <= pad_id <= np.iinfo(found[1]).max:
+        flats, dtype = found
+        item = dtype.itemsize
+        padding = memoryview(np.full(width, pad_id, dtype=dtype)).cast("B")
+        parts: list[memoryview] = []
+        try:
+            for pack in packs:
+                for ref, position in zip(pack.refs, pack.tokens):
+                    parts.append(flats[ref[SOURCE_AT]][position * item : (position + ref[LENGTH_AT]) * item])
+                if pack.length < width:
+                    parts.append(padding[: (width - pack.length) * item])
+        except (TypeError, KeyError):  # a piece held as an array (not a position): concatenate instead
+            pass
+        else:
+            np.copyto(out, np.frombuffer(b"".join(parts), dtype=dtype), casting="same_kind")
+            return
+    padding_tokens = np.full(width, pad_id, dtype=np.int64)
+    arrays: list[np.ndarray] = []
+    for pack in packs:
+        arrays += token_arrays(pack.refs, pack.tokens, pack.stores)
+        if pack.length < width:
+            arrays.append(padding_tokens[: width - pack.length])
+    np.concatenate(arrays, out=out, casting="same_kind")
 
 
 def piece_labels(tokens: np.ndarray, extra: PieceExtra | None) -> np.ndarray:

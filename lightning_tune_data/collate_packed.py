@@ -228,7 +228,8 @@ class PackedCollator:
     def _collate_packs(self, packs: list[Pack]) -> dict[str, Any]:
         """The batch of the packer's own packs, built in bulk from their pieces.
 
-        Each row's tokens are one concatenation of its pieces, written in place; labels are the
+        All rows' tokens and padding are written in place by ``write_rows`` (one join of the
+        pieces' byte ranges when they are positions in flat token arrays); labels are the
         rows shifted by one with ``-100`` at every piece's end; ``position_ids``/``document_ids``
         come from the piece lengths by one repeat over the whole block, where each row's padding
         is one more segment; provenance is one transpose of the pieces' references. Same batch

@@ -38,8 +38,8 @@ Hot path: from a plain ``ArrowSource`` (no transforms, filter or loss mask), or 
 them, the packer reads blocks of 512 documents as row references and positions in the source's
 flat token array (no object per document), places them by length alone
 (``pack_placement.py``: a run of whole documents at once for ``concat``), and
-``PackedCollator`` builds each batch from the packs' pieces in bulk (one concatenation of the
-tokens and padding, labels by one shift plus a mask at piece ends, ids by repeat, provenance by
+``PackedCollator`` builds each batch from the packs' pieces in bulk (one join of the tokens' byte
+ranges and padding, labels by one shift plus a mask at piece ends, ids by repeat, provenance by
 one transpose of the piece references). The state after every pack records the source's
 position right after the last packed document of the block, so documents read ahead and not
 packed yet are read again on resume. Other children are read one document at a time, with the

@@ -253,7 +253,7 @@ def _packs_of(source: ArrowSource, count: int, strategy: str = "best_fit", max_s
 def _expected_rows(packs: list, width: int, pad_id: int) -> np.ndarray:
     rows = np.full((len(packs), width), pad_id, dtype=np.int64)
     for row, pack in enumerate(packs):
-        tokens = pack.to_sample()["input_ids"]
+        tokens = np.concatenate(pack_pieces.token_arrays(pack.refs, pack.tokens, pack.stores))
         rows[row, : len(tokens)] = tokens
     return rows
 

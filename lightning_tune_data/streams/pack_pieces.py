@@ -103,6 +103,29 @@ def _flat_bytes(packs: Sequence[Pack]) -> tuple[dict[str, memoryview], np.dtype]
     return None if dtype is None else (flats, dtype)
 
 
+def _joined_rows(packs: Sequence[Pack], width: int, pad_id: int) -> np.ndarray | None:
+    """Every pack's tokens, each row padded with ``pad_id`` to ``width``, as one join of byte
+    ranges of the flat token arrays (in their dtype); ``None`` unless every piece is a position
+    in flat token arrays of one integer dtype that holds ``pad_id``."""
+    found = _flat_bytes(packs)
+    if found is None:
+        return None
+    flats, dtype = found
+    if not np.iinfo(dtype).min <= pad_id <= np.iinfo(dtype).max:
+        return None
+    item = dtype.itemsize
+    padding = memoryview(np.full(width, pad_id, dtype=dtype)).cast("B")
+    parts: list[memoryview] = []
+    for pack in packs:
+        for ref, position in zip(pack.refs, pack.tokens):
+            if type(position) is not int:  # a piece that holds its own array
+                return None
+            parts.append(flats[ref[SOURCE_AT]][position * item : (position + ref[LENGTH_AT]) * item])
+        if pack.length < width:
+            parts.append(padding[: (width - pack.length) * item])
+    return np.frombuffer(b"".join(parts), dtype=dtype)
+
+
 def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray) -> None:
     """Write every pack's tokens, each row padded with ``pad_id`` to ``width`` tokens, into the
     flat array ``out`` (``len(packs) * width`` items).
@@ -112,23 +135,10 @@ def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray) 
     copy: slicing bytes costs a fraction of building a NumPy view per piece. Otherwise the
     pieces' arrays and the padding are concatenated.
     """
-    found = _flat_bytes(packs)
-    if found is not None and np.iinfo(found[1]).min <= pad_id <= np.iinfo(found[1]).max:
-        flats, dtype = found
-        item = dtype.itemsize
-        padding = memoryview(np.full(width, pad_id, dtype=dtype)).cast("B")
-        parts: list[memoryview] = []
-        try:
-            for pack in packs:
-                for ref, position in zip(pack.refs, pack.tokens):
-                    parts.append(flats[ref[SOURCE_AT]][position * item : (position + ref[LENGTH_AT]) * item])
-                if pack.length < width:
-                    parts.append(padding[: (width - pack.length) * item])
-        except (TypeError, KeyError):  # a piece held as an array (not a position): concatenate instead
-            pass
-        else:
-            np.copyto(out, np.frombuffer(b"".join(parts), dtype=dtype), casting="same_kind")
-            return
+    joined = _joined_rows(packs, width, pad_id)
+    if joined is not None:
+        np.copyto(out, joined, casting="same_kind")
+        return
     padding_tokens = np.full(width, pad_id, dtype=np.int64)
     arrays: list[np.ndarray] = []
     for pack in packs:
@@ -193,8 +203,8 @@ class Pack:
         """The packed sample: every per-token array built with a few vectorised operations."""
         lens = [ref[LENGTH_AT] for ref in self.refs]
         n = self.length
-        input_ids = np.concatenate(token_arrays(self.refs, self.tokens, self.stores), dtype=np.int64,
-                                   casting="same_kind")
+        input_ids = np.empty(n, dtype=np.int64)
+        write_rows([self], n, 0, input_ids)  # one full row: no padding
         ends = np.cumsum(lens)
         labels = np.empty(n, dtype=np.int64)
         labels[:-1] = input_ids[1:]

@@ -1,6 +1,6 @@
-"""Benchmark 9: the hot path against the fastest thing that could feed the same batches.
+"""Benchmark 9: the hot path against the fastest thing that could feed the same batches, and a peer.
 
-Three comparisons, each with its baseline measured in the same run, alternated repeat by repeat
+Four comparisons, each with its baseline measured in the same run, alternated repeat by repeat
 (medians of ``--repeats``):
 
 * **Packed vs pre-concatenated blocks** (in-process, ``max_seq_len`` 2048, batch 8). Baseline:
@@ -26,6 +26,11 @@ Three comparisons, each with its baseline measured in the same run, alternated r
   ``concat`` and ``best_fit`` paths through ``train_dataloader()`` (``StatefulDataLoader``, a state snapshot
   after every batch). Goal >= 0.8x batches/s.
 
+* **Ours vs LitData** (in-process, same corpus): LitData's ``StreamingDataset`` of shuffled
+  documents in padded batches of 16, against our unpacked path (aim: >= 2x), and its
+  ``TokensLoader`` of shuffled 2049-token blocks in batches of 8, against our ``concat`` path.
+  Measured when ``litdata`` is installed (see ``peers.py``); the rows say so when it is not.
+
 Throughput is real (non-padding) tokens per second: ``attention_mask.sum()`` for ours and the
 ``datasets`` baseline and the floors, ``8 x 2048`` per batch for the blocks reader. Each measurement runs for a
 fixed wall-clock budget after 3 warm-up batches (worker start-up excluded).
@@ -43,6 +48,7 @@ import torch
 
 from bench_throughput import _drain, hf_baseline_loader
 from common import Result, log, make_datamodule, median, now
+from peers import LITDATA_HINT, litdata_blocks_loader, litdata_documents_loader, litdata_version
 
 SEQ = 2048
 PACKED_BATCH = 8
@@ -279,18 +285,40 @@ class PaddedFloor:
         docs = self.order[self.cursor : self.cursor + self.batch_size]
         self.cursor += self.batch_size
         lengths = self.lengths[docs]
-        width = int(lengths.max())
         tokens = join_ranges(self.flat, self.starts[docs].tolist(), lengths.tolist())
-        block = torch.empty((4, self.batch_size, width), dtype=torch.int64)
-        input_ids, labels, attention_mask, position_ids = block.numpy()
-        real = self.columns[None, :width] < lengths[:, None]
-        np.copyto(attention_mask, real)
-        np.multiply(self.columns[None, :width], attention_mask, out=position_ids)
-        input_ids.fill(0)
-        input_ids[real] = tokens
-        labels.fill(-100)
-        np.copyto(labels[:, :-1], input_ids[:, 1:], where=real[:, 1:])
-        return dict(zip(("input_ids", "labels", "attention_mask", "position_ids"), block.unbind(0)))
+        return padded_batch(lengths, tokens, 0, self.columns)
+
+
+def padded_batch(lengths: np.ndarray, tokens: np.ndarray, pad_id: int, columns: np.ndarray) -> dict[str, torch.Tensor]:
+    """Documents of ``lengths`` (their ``tokens`` back to back) padded into one ``[4, B, L]`` int64
+    block with a few whole-batch NumPy operations (``L`` the longest; ``columns`` is ``arange(>= L)``):
+    ``input_ids`` (``pad_id`` on padding), ``labels`` (shifted, ``-100`` at each document's end and on
+    padding), ``attention_mask`` and ``position_ids``."""
+    width = int(lengths.max())
+    block = torch.empty((4, len(lengths), width), dtype=torch.int64)
+    input_ids, labels, attention_mask, position_ids = block.numpy()
+    real = columns[None, :width] < lengths[:, None]
+    np.copyto(attention_mask, real)
+    np.multiply(columns[None, :width], attention_mask, out=position_ids)
+    input_ids.fill(pad_id)
+    input_ids[real] = tokens
+    labels.fill(-100)
+    np.copyto(labels[:, :-1], input_ids[:, 1:], where=real[:, 1:])
+    return dict(zip(("input_ids", "labels", "attention_mask", "position_ids"), block.unbind(0)))
+
+
+class VectorPadCollate:
+    """A collate for document dicts (``input_ids`` arrays) that pads with :func:`padded_batch`, the
+    padded floor's whole-batch operations: what LitData's documents get in section 9, so that the
+    peer is not slowed by a naive per-row collate. Documents are cut to ``max_seq_len``."""
+
+    def __init__(self, max_seq_len: int, pad_id: int) -> None:
+        self.max_seq_len, self.pad_id = max_seq_len, pad_id
+        self.columns = np.arange(max_seq_len, dtype=np.int64)
+
+    def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        ids = [row["input_ids"][: self.max_seq_len] for row in rows]
+        return padded_batch(np.array([len(x) for x in ids]), np.concatenate(ids), self.pad_id, self.columns)
 
 
 def join_ranges(flat: np.ndarray, starts: list[int], lengths: list[int]) -> np.ndarray:
@@ -374,12 +402,15 @@ def run(ctx) -> list[Result]:
     budget, repeats = ctx.throughput_budget_s, ctx.repeats
     packed = {s: make_datamodule(ctx.token_parquet, ctx.cache_dir, False, s, 0, PACKED_BATCH) for s in ("concat", "best_fit")}
     unpacked = make_datamodule(ctx.token_parquet, ctx.cache_dir, False, None, 0, 16)
-    flat = flat_tokens(unpacked._datasets["train"]["web"], ctx.data_dir / f"flat_tokens_{ctx.token_docs}.npy")
-    offsets = flat_offsets(unpacked._datasets["train"]["web"], ctx.data_dir / f"flat_offsets_{ctx.token_docs}.npy")
+    flat_path, offsets_path = (ctx.data_dir / f"flat_{kind}_{ctx.token_docs}.npy" for kind in ("tokens", "offsets"))
+    flat = flat_tokens(unpacked._datasets["train"]["web"], flat_path)
+    offsets = flat_offsets(unpacked._datasets["train"]["web"], offsets_path)
     workers = {(path, nw): make_datamodule(ctx.token_parquet, ctx.cache_dir, False, path, nw, TRANSPORT_SHAPE[0],
                                            max_seq_len=TRANSPORT_SHAPE[1])
                for path in WORKER_PATHS for nw in (1, 2)}
     runs: dict[str, list[tuple[float, int, int, float]]] = {}
+    litdata = litdata_version()
+    pad_id = unpacked.train_collator().pad_id
 
     def measure(key: str, fn) -> None:
         runs.setdefault(key, []).append(fn())
@@ -395,6 +426,12 @@ def run(ctx) -> list[Result]:
         measure("unpacked", lambda: _drain(unpacked.train_dataloader, budget))
         measure("datasets", lambda: _drain(lambda: hf_baseline_loader(unpacked, False, 16, 0, seed=rep), budget))
         measure("padded floor", lambda: _drain(lambda: PaddedFloor(flat, offsets, 16, seed=rep), budget))
+        if litdata is not None:
+            measure("litdata documents", lambda: _drain(lambda: litdata_documents_loader(
+                ctx.data_dir, flat_path, offsets_path, ctx.token_docs, 16, VectorPadCollate(SEQ, pad_id), seed=rep),
+                budget))
+            measure("litdata blocks", lambda: _drain(lambda: litdata_blocks_loader(
+                ctx.data_dir, flat_path, offsets_path, ctx.token_docs, PACKED_BATCH, SEQ, seed=rep), budget))
         for nw in (1, 2):
             measure(f"transport/{nw}", lambda: _drain(lambda: transport_loader(nw), budget))
             for path in WORKER_PATHS:
@@ -439,6 +476,7 @@ def run(ctx) -> list[Result]:
                           median(padded_tok), "tok/s", "datasets to_iterable_dataset + shuffle + pad collate, bs 16",
                           median(hf_tok), repeats=padded_tok,
                           note=f"{_spread(padded_tok)}; ours is {median(ours_tok) / median(padded_tok):.2f}x of it"))
+    results += _litdata_results(runs, litdata, ours_tok, blocks_tok)
     for nw in (1, 2):
         transport, _, _ = _rates(runs[f"transport/{nw}"])
         transport_bps = [r / TRANSPORT_SHAPE[0] for r in transport]
@@ -455,3 +493,31 @@ def run(ctx) -> list[Result]:
                                        f"{min(transport_bps):.0f}-{max(transport_bps):.0f}"))
     return results
 
+
+
+def _litdata_results(runs: dict[str, list[tuple[float, int, int, float]]], version: str | None,
+                     unpacked_tok: list[float], blocks_tok: list[float]) -> list[Result]:
+    """Ours against LitData on both paths (or one row saying it was not measured)."""
+    if version is None:
+        return [Result("9 hot path", "LitData (peer)", "not measured", float("nan"), "", note=LITDATA_HINT)]
+    _, documents_tok, _ = _rates(runs["litdata documents"])
+    _, lit_blocks_tok, _ = _rates(runs["litdata blocks"])
+    _, concat_tok, _ = _rates(runs["concat"])
+    peer = f"LitData {version} StreamingDataset, shuffled documents, pad collate, bs 16"
+    blocks_peer = f"LitData {version} TokensLoader, shuffled [{PACKED_BATCH}, {SEQ + 1}] blocks"
+    ratio = median(unpacked_tok) / median(documents_tok)
+    return [
+        Result("9 hot path", peer, "tokens/s", median(documents_tok), "tok/s", repeats=documents_tok,
+               note=f"{_spread(documents_tok)}; the padded floor's pad collate (VectorPadCollate)"),
+        Result("9 hot path", "unpacked, bs 16, workers 0, against LitData", "tokens/s", median(unpacked_tok), "tok/s",
+               peer, median(documents_tok), ">= 2x", ratio >= 2, repeats=unpacked_tok,
+               note=f"{_spread(unpacked_tok)} vs {_spread(documents_tok)}"),
+        Result("9 hot path", blocks_peer, "tokens/s", median(lit_blocks_tok), "tok/s",
+               f"blocks reader: random [{PACKED_BATCH}, {SEQ + 1}] windows of a flat memmap, 1 proc",
+               median(blocks_tok), repeats=lit_blocks_tok,
+               note=f"{_spread(lit_blocks_tok)}; no document shuffle, no position_ids or document_ids"),
+        Result("9 hot path", f"packed concat, {SEQ}, bs {PACKED_BATCH}, workers 0, against LitData", "tokens/s",
+               median(concat_tok), "tok/s", blocks_peer, median(lit_blocks_tok), repeats=concat_tok,
+               note=f"{_spread(concat_tok)} vs {_spread(lit_blocks_tok)}; ours shuffles documents and adds "
+                    "position_ids, document_ids and provenance"),
+    ]

@@ -19,6 +19,12 @@ plus the costs the floor leaves out that any loader with this package's guarante
 ``StatefulDataLoader`` itself (in-process, batches of 8 trivial items, no collation), the keyed
 permutation that replaces a stored shuffle order (mapping one batch's worth of positions to
 rows), and the state recorded after every batch.
+
+A third table does the same for an unpacked batch of 16 documents: the padded floor (the same
+documents, whole-batch NumPy padding of the four outputs, nothing else) plus the
+``StatefulDataLoader`` alone (16 trivial items), the stream handing out the batch's 16 documents one
+at a time (the first table's "samples from the stream") and the state record, against ours and the
+``datasets`` baseline of section 9, all alternated round by round.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-from bench_hotpath import PACKED_BATCH, BestFitFloor, BlocksReader, DocumentFloor, flat_offsets, flat_tokens  # noqa: E402
+from bench_hotpath import (PACKED_BATCH, BestFitFloor, BlocksReader, DocumentFloor, PaddedFloor,  # noqa: E402
+                           flat_offsets, flat_tokens)
+from bench_throughput import hf_baseline_loader  # noqa: E402
 from common import RESULTS_DIR  # noqa: E402
 
 
@@ -56,11 +64,11 @@ class _Trivial(torch.utils.data.IterableDataset):
             yield 1
 
 
-def loader_alone_us(calls: int) -> float:
-    """One in-process ``StatefulDataLoader`` batch of ``PACKED_BATCH`` trivial items, no collation."""
+def loader_alone_us(calls: int, batch_size: int = PACKED_BATCH) -> float:
+    """One in-process ``StatefulDataLoader`` batch of ``batch_size`` trivial items, no collation."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    it = iter(StatefulDataLoader(_Trivial(), batch_size=PACKED_BATCH, num_workers=0, collate_fn=list))
+    it = iter(StatefulDataLoader(_Trivial(), batch_size=batch_size, num_workers=0, collate_fn=list))
     next(it)
     return cpu_us(lambda: next(it), calls)
 
@@ -112,7 +120,7 @@ def main() -> int:
                     f"{whole - produce - collate - state:.0f} |")
         counters = getattr(stream, "counters", {})
         documents = counters.get("documents", 0) / max(counters.get("packs", 0), 1) * batch
-        measured[name] = {"whole": whole, "state": state, "documents": documents}
+        measured[name] = {"whole": whole, "state": state, "documents": documents, "produce": produce}
     web = common.make_datamodule(parquet, cache, False, None, 0, 16)._datasets["train"]["web"]
     flat = flat_tokens(web, args.data_dir / f"flat_tokens_{args.token_docs}.npy")
     offsets = flat_offsets(web, args.data_dir / f"flat_offsets_{args.token_docs}.npy")
@@ -123,12 +131,20 @@ def main() -> int:
                "best-fit floor": BestFitFloor(flat, offsets, PACKED_BATCH, 0)}
     ours = iter(common.make_datamodule(parquet, cache, False, "best_fit", 0, PACKED_BATCH).train_dataloader())
     next(ours)
+    unpacked_dm = common.make_datamodule(parquet, cache, False, None, 0, 16)
+    unpacked = {"padded floor": PaddedFloor(flat, offsets, 16, 0), "ours unpacked": iter(unpacked_dm.train_dataloader()),
+                "datasets": iter(hf_baseline_loader(unpacked_dm, False, 16, 0, seed=0))}
+    for reader in unpacked.values():
+        next(reader)
     rounds: dict[str, list[float]] = {}
     for _ in range(ROUNDS):
         for name, reader in readers.items():
             rounds.setdefault(name, []).append(cpu_us(lambda: next(reader), max(args.calls // ROUNDS, 1)))
         rounds.setdefault("ours", []).append(cpu_us(lambda: next(ours), max(args.calls // ROUNDS, 1)))
         rounds.setdefault("loader", []).append(loader_alone_us(max(args.calls // ROUNDS, 1)))
+        for name, reader in unpacked.items():
+            rounds.setdefault(name, []).append(cpu_us(lambda: next(reader), max(args.calls // ROUNDS, 1)))
+        rounds.setdefault("loader 16", []).append(loader_alone_us(max(args.calls // ROUNDS, 1), 16))
     middle = {name: common.median(values) for name, values in rounds.items()}
     blocks = middle["blocks"]
     rows.append(f"| blocks reader | {PACKED_BATCH} x 2049 | | | | {blocks:.0f} | |")
@@ -147,6 +163,21 @@ def main() -> int:
              f"| + the state recorded after the batch (first table) | {best_fit['state']:.0f} | |",
              f"| = the least a resumable `best_fit` loader pays | {bound:.0f} | {blocks / bound:.3f}x |",
              f"| ours, whole batch via train_dataloader() | {middle['ours']:.0f} | {blocks / middle['ours']:.3f}x |"]
+    padded, stream_16 = middle["padded floor"], measured["unpacked"]
+    datasets_us = middle["datasets"]
+    unpacked_bound = padded + middle["loader 16"] + stream_16["produce"] + stream_16["state"]
+    rows += ["", f"An unpacked batch (16 documents) against the padded floor and what the floor leaves out (medians of "
+             f"{ROUNDS} alternated rounds):", "",
+             "| | CPU µs per batch | `datasets` baseline's time / this |", "|---|---:|---:|",
+             f"| `datasets` iterable + shuffle + pad collate (section 9's baseline) | {datasets_us:.0f} | 1x |",
+             f"| padded floor (whole-batch NumPy, no Python per document) | {padded:.0f} | {datasets_us / padded:.1f}x |",
+             f"| + the StatefulDataLoader alone (in-process, 16 trivial items) | {middle['loader 16']:.0f} | |",
+             f"| + the stream handing out the 16 documents one at a time (first table) | {stream_16['produce']:.0f} | |",
+             f"| + the state recorded after the batch (first table) | {stream_16['state']:.0f} | |",
+             f"| = the least a resumable loader of documents one at a time pays | {unpacked_bound:.0f} | "
+             f"{datasets_us / unpacked_bound:.1f}x |",
+             f"| ours, whole batch via train_dataloader() | {middle['ours unpacked']:.0f} | "
+             f"{datasets_us / middle['ours unpacked']:.1f}x |"]
     info = common.machine_info()
     text = "\n".join([
         "# Hot path: CPU microseconds per batch, by component", "",

@@ -494,7 +494,6 @@ def run(ctx) -> list[Result]:
     return results
 
 
-
 def _litdata_results(runs: dict[str, list[tuple[float, int, int, float]]], version: str | None,
                      unpacked_tok: list[float], blocks_tok: list[float]) -> list[Result]:
     """Ours against LitData on both paths (or one row saying it was not measured)."""

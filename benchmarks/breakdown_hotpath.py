@@ -121,7 +121,8 @@ def main() -> int:
         counters = getattr(stream, "counters", {})
         documents = counters.get("documents", 0) / max(counters.get("packs", 0), 1) * batch
         measured[name] = {"whole": whole, "state": state, "documents": documents, "produce": produce}
-    web = common.make_datamodule(parquet, cache, False, None, 0, 16)._datasets["train"]["web"]
+    unpacked_dm = common.make_datamodule(parquet, cache, False, None, 0, 16)
+    web = unpacked_dm._datasets["train"]["web"]
     flat = flat_tokens(web, args.data_dir / f"flat_tokens_{args.token_docs}.npy")
     offsets = flat_offsets(web, args.data_dir / f"flat_offsets_{args.token_docs}.npy")
     best_fit = measured["packed best_fit"]
@@ -131,7 +132,6 @@ def main() -> int:
                "best-fit floor": BestFitFloor(flat, offsets, PACKED_BATCH, 0)}
     ours = iter(common.make_datamodule(parquet, cache, False, "best_fit", 0, PACKED_BATCH).train_dataloader())
     next(ours)
-    unpacked_dm = common.make_datamodule(parquet, cache, False, None, 0, 16)
     unpacked = {"padded floor": PaddedFloor(flat, offsets, 16, 0), "ours unpacked": iter(unpacked_dm.train_dataloader()),
                 "datasets": iter(hf_baseline_loader(unpacked_dm, False, 16, 0, seed=0))}
     for reader in unpacked.values():

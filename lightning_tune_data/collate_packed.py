@@ -50,21 +50,22 @@ from lightning_tune_data.worker_memory import batch_tensor
 def _outputs(planes: int, batch_size: int, width: int, max_documents: int,
              ) -> tuple[np.ndarray, tuple[torch.Tensor, ...], np.ndarray, torch.Tensor]:
     """The ``[planes, B, width]`` block of a packed batch and its zeroed ``[B, max_documents]``
-    ``seq_lens``, views of one allocation, each as a NumPy array and as tensors (the block's
-    planes one by one).
+    ``seq_lens``, each as a NumPy array and as tensors (the block's planes one by one).
 
     In a dataloader worker the tensors are views of one shared-memory storage, so a batch leaves
     the worker as one segment (a second, small tensor cost about a quarter of the batches per
-    second a worker delivers); in the main process they wrap the NumPy views directly (the
-    fewest tensor operations).
+    second a worker delivers); in the main process they wrap two plain NumPy arrays (the fewest
+    tensor operations).
     """
+    if get_worker_info() is None:
+        block = np.empty((planes, batch_size, width), dtype=np.int64)
+        seq_lens = np.zeros((batch_size, max_documents), dtype=np.int64)
+        return block, tuple(map(torch.from_numpy, block)), seq_lens, torch.from_numpy(seq_lens)
     size = planes * batch_size * width
     storage = batch_tensor((size + batch_size * max_documents,), torch.int64)
     values = storage.numpy()
     block, seq_lens = values[:size].reshape(planes, batch_size, width), values[size:].reshape(batch_size, max_documents)
     seq_lens.fill(0)
-    if get_worker_info() is None:
-        return block, tuple(torch.from_numpy(plane) for plane in block), seq_lens, torch.from_numpy(seq_lens)
     return block, storage[:size].view(planes, batch_size, width).unbind(0), seq_lens, storage[size:].view(
         batch_size, max_documents)
 
@@ -254,9 +255,10 @@ class PackedCollator:
         segment_lens: list[int] = []
         segment_documents: list[int] = []
         seq_lens_values: list[int] = []  # [B, most], row by row
+        document_rows: list[int] = []  # the batch row of every piece
         zeros = (0,) * most
         first = 0
-        for count, n in zip(counts, pack_lengths):
+        for row, (count, n) in enumerate(zip(counts, pack_lengths)):
             row_lens = lens[first : first + count]
             first += count
             segment_lens += row_lens
@@ -265,6 +267,7 @@ class PackedCollator:
             segment_documents.append(PAD_DOCUMENT_ID)
             seq_lens_values += row_lens
             seq_lens_values += zeros[count:]
+            document_rows += [row] * count
         segment_lens_array = np.array(segment_lens, dtype=np.int64)
         segment_ends = segment_lens_array.cumsum()
 
@@ -300,7 +303,7 @@ class PackedCollator:
             SOURCE: list(columns[SOURCE_AT]),
             EPOCH: list(columns[EPOCH_AT]),
             TOKENS: list(lens),
-            ROW: [row for row, count in enumerate(counts) for _ in range(count)],
+            ROW: document_rows,
             NEW_DOCUMENT: list(columns[NEW_DOCUMENT_AT]),
             DROPPED_BEFORE: list(columns[DROPPED_AT]),
             TRUNCATED_TOKENS: list(columns[TRUNCATED_AT]),

@@ -158,13 +158,39 @@ class ResumableLoader:
             "ModelCheckpoint does), or, in a loop without a Trainer, right after the batch you consumed."
         )
 
+    def _fetcher(self, batches: Iterator[Any]) -> Callable[[], Any]:
+        """How the next batch (or ``_END``) is taken from the loader's iterator ``batches``.
+
+        In-process streams skip the iterator's ``__next__`` wrapper and take its batch step
+        directly: the wrapper opens a profiler range on every batch, which measured ~45 us per
+        batch here (a fifth of an unpacked batch), with no profiler running. The batch, the
+        random draws and the end of the stream are the iterator's own; under a running profiler
+        the full ``__next__`` is used, so its ranges still appear.
+        """
+        next_data = getattr(batches, "_next_data", None)
+        if not self._capture_dataset or next_data is None or not hasattr(batches, "_num_yielded"):
+            return lambda: next(batches, _END)
+
+        def fetch() -> Any:
+            if torch.autograd._profiler_enabled():
+                return next(batches, _END)
+            try:
+                batch = next_data()
+            except StopIteration:
+                return _END
+            batches._num_yielded += 1
+            return batch
+
+        return fetch
+
     def __iter__(self) -> Iterator[Any]:
         sampler = getattr(self.loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)  # map-style data: a new shuffle every epoch
         batches = iter(self.loader)
+        fetch = self._fetcher(batches)
         while True:
-            batch = next(batches, _END)
+            batch = fetch()
             if self.end_sync_group is not None:
                 have = torch.tensor([0 if batch is _END else 1], dtype=torch.int32)
                 dist.all_reduce(have, op=dist.ReduceOp.MIN, group=self.end_sync_group)

@@ -91,6 +91,19 @@ def test_state_is_small_and_constant_in_how_far_the_stream_went():
     assert len(json.dumps(late)) <= len(json.dumps(early)) + 4  # plain types, the same size at any step
 
 
+@pytest.mark.parametrize("overlong", ["truncate", "drop"])
+def test_snapshot_built_later_equals_the_state_of_its_moment_across_passes(overlong: str):
+    stream = ArrowSource(table(20), "src", seed=3, max_seq_len=4, overlong=overlong)
+    iterator = iter(stream)
+    moments = []
+    for _ in range(50):  # across two pass boundaries, with skipped (dropped) rows counted
+        moments.append((stream.snapshot(), json.loads(json.dumps(stream.state_dict()))))
+        next(iterator)
+    for snapshot, expected in moments:
+        assert snapshot() == expected
+    assert len({json.dumps(expected, sort_keys=True) for _, expected in moments}) == len(moments)  # every step moved on
+
+
 def test_empty_documents_are_skipped_and_counted_and_an_all_empty_source_is_an_error_not_a_hang():
     mixed = pa.table({"input_ids": pa.array([[1], [], [2, 2], []], type=pa.list_(pa.int32()))})
     stream = ArrowSource(mixed, "gaps", shuffle=False)

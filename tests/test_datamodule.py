@@ -131,6 +131,46 @@ def test_train_loader_is_a_resumable_stateful_dataloader_with_drop_last(corpus_d
     assert set(batch["provenance"]["source"]) <= {"a", "b"}
 
 
+def _finite_train_loader(corpus_dir: Path, tmp_path: Path) -> ResumableLoader:
+    datamodule = TextDataModule(dataset_managers=managers(corpus_dir), cache_dir=str(tmp_path), batch_size=4,
+                                multidataset_stopping_strategy="first_exhausted")
+    return ready(datamodule).train_dataloader()
+
+
+def assert_same_batches(got: list[dict], expected: list[dict]) -> None:
+    assert len(got) == len(expected) > 0
+    for batch, reference in zip(got, expected):
+        assert batch.keys() == reference.keys()
+        for key, value in reference.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(batch[key], value), key
+            else:
+                assert batch[key] == value, key
+
+
+def test_in_process_train_loader_hands_out_the_stateful_dataloaders_own_batches(corpus_dir, tmp_path):
+    # The in-process loader takes each batch from the StatefulDataLoader's iterator without its
+    # per-batch profiler range: the same batches, the same end (drop_last), the same random draws.
+    torch.manual_seed(0)
+    direct = list(_finite_train_loader(corpus_dir, tmp_path / "direct").loader)
+    rng_after_direct = torch.get_rng_state()
+    torch.manual_seed(0)
+    resumable = _finite_train_loader(corpus_dir, tmp_path / "resumable")
+    assert_same_batches(list(resumable), direct)
+    assert torch.equal(torch.get_rng_state(), rng_after_direct)
+    assert resumable.batches_yielded == len(direct)
+
+
+def test_train_loader_under_a_profiler_records_its_batches_and_hands_out_the_same_ones(corpus_dir, tmp_path):
+    expected = list(_finite_train_loader(corpus_dir, tmp_path / "plain"))
+    loader = _finite_train_loader(corpus_dir, tmp_path / "profiled")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        got = list(loader)
+    assert_same_batches(got, expected)
+    ranges = [event.name for event in profiler.events() if event.name.startswith("enumerate(DataLoader)")]
+    assert len(ranges) >= len(expected)
+
+
 def test_map_style_train_uses_a_seeded_stateful_random_sampler(corpus_dir, tmp_path):
     config = {"train": {"a": LocalDatasetManager(data_files=str(corpus_dir / "a.jsonl"))}}
     datamodule = ready(TextDataModule(dataset_managers=config, cache_dir=str(tmp_path), train_mode="map", batch_size=4))

@@ -220,6 +220,19 @@ def test_resume_at_any_point_equals_the_uninterrupted_stream(make, stop_after):
     assert head + tail == reference
 
 
+@pytest.mark.parametrize("make", [_mixture, _nested, _finite_all], ids=["flat", "nested", "all_exhausted"])
+def test_snapshot_built_later_equals_the_state_of_its_moment(make):
+    ds = make()
+    it = iter(ds)
+    moments = []
+    for _ in range(60):
+        moments.append((ds.snapshot(), _roundtrip(ds.state_dict())))
+        next(it, None)
+    for snapshot, expected in moments:
+        assert _roundtrip(snapshot()) == expected
+    assert moments[0][1] != moments[-1][1]
+
+
 def test_resume_from_a_finished_finite_mixture_replays_like_the_original_object():
     ds = _finite_all()
     first = [_key(s) for s in ds]

@@ -96,3 +96,16 @@ def test_a_saved_walk_advanced_in_place_equals_the_walk_advanced_then_saved(coun
     walk_.plan.advance(count)  # the holes first, then the strided tail
     assert ShardPasses.state_advanced(saved, count) == walk_.state_dict()
     assert saved == before  # the saved state itself is untouched
+
+
+def test_a_walks_snapshot_built_later_equals_its_state_at_that_moment():
+    plans = [PassPlan(epoch=2, base=10, stride=3, offset=1, end=40, holes=[4, 7, 8]),
+             PassPlan(epoch=3, base=0, stride=3, offset=0, end=40, holes=[5])]
+    walk_ = ShardPasses(60, 3, 1, plans)
+    moments = []
+    for step in range(40):  # through the holes, the tail, the queued pass and a fresh pass
+        moments.append((walk_.snapshot(), json.loads(json.dumps(walk_.state_dict()))))
+        walk(walk_, 1)
+    assert walk_.epoch == 4
+    for snapshot, expected in moments:
+        assert snapshot() == expected

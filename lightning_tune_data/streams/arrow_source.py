@@ -429,8 +429,15 @@ class ArrowSource(TuneIterableDataset):
         return self._walk
 
     def state_dict(self) -> dict[str, Any]:
+        return self.snapshot()()
+
+    def snapshot(self) -> Callable[[], dict[str, Any]]:
+        """A record of the position after the last document handed out, taken in a few
+        microseconds; calling it returns :meth:`state_dict`'s result for that position. The train
+        loader takes one after every batch and builds the state only when a checkpoint asks."""
         self._settle()
-        return {self._name: {_WALK: self._shard_walk().state_dict(), _COUNTERS: self._counters.state_dict()}}
+        walk, counters, name = self._shard_walk().snapshot(), self._counters.state_dict(), self._name
+        return lambda: {name: {_WALK: walk(), _COUNTERS: dict(counters)}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         own = self._own_state(state_dict)

@@ -20,7 +20,7 @@ import math
 import numbers
 import random
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -311,15 +311,26 @@ class InterleavedDataset(TuneIterableDataset):
                 return document
         return None
 
-    def _children_state(self) -> dict[str, Any]:
-        children: dict[str, Any] = {}
-        for ds in self._datasets:
-            children.update(ds.state_dict())
-        return children
-
     def state_dict(self) -> dict[str, Any]:
+        return self.snapshot()()
+
+    def snapshot(self) -> Callable[[], dict[str, Any]]:
+        """A record of the position after the last document handed out, taken in a few
+        microseconds per child; calling it returns :meth:`state_dict`'s result for that position.
+        The train loader takes one after every batch and builds the state only when a checkpoint
+        asks."""
         self._resolve()
-        return self.state_from(self._draws, self._consumed, self._children_state(), self._exhausted, self._finished)
+        children = [_child_snapshot(ds) for ds in self._datasets]
+        draws, consumed = self._draws, [list(account) for account in self._consumed]
+        exhausted, finished = list(self._exhausted), self._finished
+
+        def build() -> dict[str, Any]:
+            children_state: dict[str, Any] = {}
+            for child in children:
+                children_state.update(child())
+            return self.state_from(draws, consumed, children_state, exhausted, finished)
+
+        return build
 
     def state_from(self, draws: int, consumed: list[list[float]], children: dict[str, Any],
                    exhausted: list[bool] | None = None, finished: bool = False) -> dict[str, Any]:
@@ -531,3 +542,12 @@ def _round_robin(datasets: list[Iterable], stopping_strategy: str) -> Iterator:
             if stopping_strategy == "first_exhausted":
                 return
             iterators.remove(iterator)
+
+
+def _child_snapshot(child: TuneIterableDataset) -> Callable[[], dict[str, Any]]:
+    """The child's cheap snapshot where it offers one, else its state now."""
+    snapshot = getattr(child, "snapshot", None)
+    if snapshot is not None:
+        return snapshot()
+    state = child.state_dict()
+    return lambda: state

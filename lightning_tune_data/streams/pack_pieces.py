@@ -22,6 +22,7 @@ in this piece).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -88,6 +89,13 @@ def token_arrays(refs: list[Reference], tokens: list[PieceTokens], stores: Mappi
     return arrays
 
 
+@functools.cache
+def _integer_bounds(dtype: np.dtype) -> tuple[int, int]:
+    """The least and greatest value of an integer dtype (``np.iinfo`` costs microseconds per call)."""
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
 def _flat_bytes(packs: Sequence[Pack]) -> tuple[dict[str, memoryview], np.dtype] | None:
     """By source name, the bytes of the flat token arrays the packs' positions index, and their
     one dtype; ``None`` when there are none or their dtypes differ."""
@@ -111,7 +119,8 @@ def _joined_rows(packs: Sequence[Pack], width: int, pad_id: int) -> np.ndarray |
     if found is None:
         return None
     flats, dtype = found
-    if not np.iinfo(dtype).min <= pad_id <= np.iinfo(dtype).max:
+    low, high = _integer_bounds(dtype)
+    if not low <= pad_id <= high:
         return None
     item = dtype.itemsize
     padding = memoryview(np.full(width, pad_id, dtype=dtype)).cast("B")

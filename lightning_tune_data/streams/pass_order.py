@@ -23,6 +23,7 @@ the next passes after an elastic resume, then fresh passes). :func:`merge_remain
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,14 +103,19 @@ class PassPlan:
         return self.holes[self.holes_taken :]
 
     def state_dict(self) -> dict[str, Any]:
+        return self.state_at(self.holes_taken, self.tail_taken)
+
+    def state_at(self, holes_taken: int, tail_taken: int) -> dict[str, Any]:
+        """The state of this plan when it had visited ``holes_taken`` holes and ``tail_taken`` tail
+        positions (a plan only ever advances those two counts)."""
         return {
             EPOCH: self.epoch,
-            HOLES: self.remaining_holes(),
+            HOLES: self.holes[holes_taken:],
             BASE: self.base,
             STRIDE: self.stride,
             OFFSET: self.offset,
             END: self.end,
-            TAIL_TAKEN: self.tail_taken,
+            TAIL_TAKEN: tail_taken,
         }
 
     @classmethod
@@ -157,13 +163,26 @@ class ShardPasses:
             self.plan = PassPlan.fresh(following, self.num_items, self.num_shards, self.shard_id)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            NUM_ITEMS: self.num_items,
-            NUM_SHARDS: self.num_shards,
-            SHARD_ID: self.shard_id,
-            PLAN: self.plan.state_dict(),
-            PENDING: [plan.state_dict() for plan in self.pending],
-        }
+        return self.snapshot()()
+
+    def snapshot(self) -> Callable[[], dict[str, Any]]:
+        """A record of the walk's position now, taken in about a microsecond; calling it returns
+        :meth:`state_dict`'s result for that position (the current plan only advances its counts,
+        a new pass replaces it, and queued plans are recorded as they are)."""
+        plan, holes_taken, tail_taken = self.plan, self.plan.holes_taken, self.plan.tail_taken
+        pending = [queued.state_dict() for queued in self.pending] if self.pending else []
+        num_items, num_shards, shard_id = self.num_items, self.num_shards, self.shard_id
+
+        def build() -> dict[str, Any]:
+            return {
+                NUM_ITEMS: num_items,
+                NUM_SHARDS: num_shards,
+                SHARD_ID: shard_id,
+                PLAN: plan.state_at(holes_taken, tail_taken),
+                PENDING: [dict(queued) for queued in pending],
+            }
+
+        return build
 
     @staticmethod
     def state_advanced(state: dict[str, Any], count: int) -> dict[str, Any]:

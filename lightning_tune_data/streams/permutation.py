@@ -31,13 +31,18 @@ def permutation_key(*parts: int | str) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 
-def _mix64(values: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser: a fast 64-bit mixing function (wrapping uint64 arithmetic)."""
-    values = values ^ (values >> np.uint64(30))
-    values = values * np.uint64(0xBF58476D1CE4E5B9)
-    values = values ^ (values >> np.uint64(27))
-    values = values * np.uint64(0x94D049BB133111EB)
-    return values ^ (values >> np.uint64(31))
+_MIX_STEPS = ((np.uint64(30), np.uint64(0xBF58476D1CE4E5B9)), (np.uint64(27), np.uint64(0x94D049BB133111EB)),
+              (np.uint64(31), None))
+
+
+def _mix64_in_place(values: np.ndarray, scratch: np.ndarray) -> None:
+    """SplitMix64's finaliser, a fast 64-bit mixing function (wrapping uint64 arithmetic), applied
+    to ``values`` in place; ``scratch`` is a buffer of the same shape (no temporary arrays)."""
+    for shift, multiplier in _MIX_STEPS:
+        np.right_shift(values, shift, out=scratch)
+        values ^= scratch
+        if multiplier is not None:
+            values *= multiplier
 
 
 class KeyedPermutation:
@@ -66,10 +71,17 @@ class KeyedPermutation:
     def _encrypt(self, values: np.ndarray) -> np.ndarray:
         left = values >> self._half_bits
         right = values & self._half_mask
+        mixed, scratch = np.empty_like(right), np.empty_like(right)
         with np.errstate(over="ignore"):
-            for round_key in self._round_keys:
-                left, right = right, left ^ (_mix64(right ^ round_key) & self._half_mask)
-        return (left << self._half_bits) | right
+            for round_key in self._round_keys:  # left, right = right, left ^ (mix64(right ^ key) & mask)
+                np.bitwise_xor(right, round_key, out=mixed)
+                _mix64_in_place(mixed, scratch)
+                mixed &= self._half_mask
+                mixed ^= left
+                left, right, mixed = right, mixed, left
+        left <<= self._half_bits
+        left |= right
+        return left
 
     def __call__(self, positions: np.ndarray | list[int]) -> np.ndarray:
         """Rows at ``positions`` (int64 array of the same shape; every position in ``[0, num_items)``)."""

@@ -16,13 +16,14 @@ reads fresh documents). The blocks reader of
 A second table sets a ``best_fit`` batch against the best-fit floor of ``bench_hotpath.py`` (the
 same packs and outputs with Python only to place each document, no state, provenance or loader)
 plus the costs the floor leaves out that any loader with this package's guarantees pays: the
-``StatefulDataLoader`` itself (in-process, batches of 8 trivial items, no collation), the keyed
+train loader itself (the ``StatefulDataLoader`` in the resumable wrapper, in-process, batches of 8
+trivial items, no collation), the keyed
 permutation that replaces a stored shuffle order (mapping one batch's worth of positions to
 rows), and the state recorded after every batch.
 
 A third table does the same for an unpacked batch of 16 documents: the padded floor (the same
 documents, whole-batch NumPy padding of the four outputs, nothing else) plus the
-``StatefulDataLoader`` alone (16 trivial items), the stream handing out the batch's 16 documents one
+train loader alone (16 trivial items), the stream handing out the batch's 16 documents one
 at a time (the first table's "samples from the stream") and the state record, against ours and the
 ``datasets`` baseline of section 9, all alternated round by round.
 """
@@ -57,18 +58,25 @@ def cpu_us(fn, calls: int) -> float:
 
 
 class _Trivial(torch.utils.data.IterableDataset):
-    """Yields ``1`` forever: a loader around it costs only its own work."""
+    """Yields ``1`` forever, with a state that costs nothing: a loader around it costs only its own work."""
 
     def __iter__(self):
         while True:
             yield 1
 
+    def snapshot(self):
+        return dict
+
+    def state_dict(self) -> dict:
+        return {}
+
 
 def loader_alone_us(calls: int, batch_size: int = PACKED_BATCH) -> float:
-    """One in-process ``StatefulDataLoader`` batch of ``batch_size`` trivial items, no collation."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
+    """One in-process batch of ``batch_size`` trivial items, no collation, through the train loader
+    ours uses: a ``StatefulDataLoader`` in the resumable wrapper that records a state per batch."""
+    from lightning_tune_data.loaders import LoaderOptions, build_train_loader
 
-    it = iter(StatefulDataLoader(_Trivial(), batch_size=batch_size, num_workers=0, collate_fn=list))
+    it = iter(build_train_loader(_Trivial(), list, LoaderOptions(batch_size=batch_size), seed=0))
     next(it)
     return cpu_us(lambda: next(it), calls)
 
@@ -158,7 +166,7 @@ def main() -> int:
              "| | CPU µs per batch | blocks reader's time / this |", "|---|---:|---:|",
              f"| blocks reader | {blocks:.0f} | 1x |",
              f"| best-fit floor (placement in Python, everything else vectorised) | {floor:.0f} | {blocks / floor:.3f}x |",
-             f"| + the StatefulDataLoader alone (in-process, 8 trivial items) | {loader:.0f} | |",
+             f"| + the train loader alone (StatefulDataLoader in the resumable wrapper, in-process, 8 trivial items) | {loader:.0f} | |",
              f"| + the keyed permutation for the batch's documents | {permutation:.0f} | |",
              f"| + the state recorded after the batch (first table) | {best_fit['state']:.0f} | |",
              f"| = the least a resumable `best_fit` loader pays | {bound:.0f} | {blocks / bound:.3f}x |",
@@ -171,7 +179,7 @@ def main() -> int:
              "| | CPU µs per batch | `datasets` baseline's time / this |", "|---|---:|---:|",
              f"| `datasets` iterable + shuffle + pad collate (section 9's baseline) | {datasets_us:.0f} | 1x |",
              f"| padded floor (whole-batch NumPy, no Python per document) | {padded:.0f} | {datasets_us / padded:.1f}x |",
-             f"| + the StatefulDataLoader alone (in-process, 16 trivial items) | {middle['loader 16']:.0f} | |",
+             f"| + the train loader alone (in-process, 16 trivial items) | {middle['loader 16']:.0f} | |",
              f"| + the stream handing out the 16 documents one at a time (first table) | {stream_16['produce']:.0f} | |",
              f"| + the state recorded after the batch (first table) | {stream_16['state']:.0f} | |",
              f"| = the least a resumable loader of documents one at a time pays | {unpacked_bound:.0f} | "

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_tune_data.streams.arrow_source import ArrowSource
+from lightning_tune_data.streams.arrow_source import ArrowSource, _ListColumn
 
 
 def table(num_rows: int, with_mask: bool = False) -> pa.Table:
@@ -244,6 +244,19 @@ def test_rows_are_read_right_across_many_chunks():
     stream = ArrowSource(chunked, "src", shuffle=False)
     assert rows_of(take(stream, 20)) == list(range(20))
     assert [len(s["input_ids"]) for s in take(ArrowSource(chunked, "src", shuffle=False), 20)] == [1 + i % 7 for i in range(20)]
+
+
+def test_rows_read_through_the_flat_view_equal_the_per_chunk_views():
+    chunked = pa.concat_tables([table(40).slice(0, 9), table(40).slice(9, 0), table(40).slice(9, 31)])
+    indices = np.random.default_rng(0).permutation(40)
+    flat = _ListColumn(chunked.column("input_ids"), "input_ids", "src")
+    assert flat.flat() is not None
+    per_chunk = _ListColumn(chunked.column("input_ids"), "input_ids", "src")
+    per_chunk._flat = None  # as for values with no flat view: one lookup per row in its chunk
+    got, expected = flat.rows(indices), per_chunk.rows(indices)
+    assert [row.tolist() for row in got] == [row.tolist() for row in expected] == [[i] * (1 + i % 7) for i in indices]
+    assert {row.dtype for row in got} == {row.dtype for row in expected} == {np.dtype(np.int32)}
+    assert not any(row.flags.writeable for row in got)
 
 
 def gappy_table(num_rows: int) -> pa.Table:

@@ -259,6 +259,19 @@ def test_rows_read_through_the_flat_view_equal_the_per_chunk_views():
     assert not any(row.flags.writeable for row in got)
 
 
+def test_a_column_of_very_many_chunks_reads_rows_chunk_by_chunk_without_building_the_flat_view(monkeypatch):
+    import lightning_tune_data.streams.arrow_source as arrow_source
+
+    monkeypatch.setattr(arrow_source, "_FLAT_ROWS_MAX_CHUNKS", 2)
+    chunked = pa.concat_tables([table(40).slice(0, 9), table(40).slice(9, 20), table(40).slice(29, 11)])
+    column = _ListColumn(chunked.column("input_ids"), "input_ids", "src")
+    indices = np.random.default_rng(1).permutation(40)
+    assert [row.tolist() for row in column.rows(indices)] == [[i] * (1 + i % 7) for i in indices]
+    assert column._flat is False  # not built: its one-time cost grows with the number of chunks
+    assert column.flat() is not None  # once built (the packer builds it), rows are read through it
+    assert [row.tolist() for row in column.rows(indices)] == [[i] * (1 + i % 7) for i in indices]
+
+
 def gappy_table(num_rows: int) -> pa.Table:
     """Row i holds [i] * n with n = 0 (every 11th row), 9 (overlong for max_seq_len=5) or 1..4."""
     def length(i: int) -> int:

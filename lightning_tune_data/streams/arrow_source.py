@@ -58,6 +58,10 @@ OVERLONG_POLICIES = ("truncate", "drop")
 _BLOCK = 512
 #: Positions mapped to rows per vectorised permutation call (kept until visited).
 _ROWS_AHEAD = 4096
+#: Chunks up to which reading rows builds the flat token view first (~3 us per chunk, once per
+#: process: 30 ms at this count). Beyond it rows are looked up chunk by chunk, unless the packer
+#: already built the view, so a cache of many small record batches starts reading at once.
+_FLAT_ROWS_MAX_CHUNKS = 10_000
 
 # State keys.
 _WALK = "walk"
@@ -129,7 +133,9 @@ class _ListColumn:
         if self._single:
             offsets, values = self._view(0)
             return [values[b:e] for b, e in zip(offsets[indices].tolist(), offsets[indices + 1].tolist())]
-        flat = self.flat()
+        flat = self._flat
+        if flat is False:
+            flat = self.flat() if self._column.num_chunks <= _FLAT_ROWS_MAX_CHUNKS else None
         if flat is not None:  # one slice of the flat values per row: a third of the per-chunk lookups' time
             starts, lengths = flat.positions(indices)
             values = flat.values

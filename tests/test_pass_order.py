@@ -103,7 +103,7 @@ def test_a_walks_snapshot_built_later_equals_its_state_at_that_moment():
              PassPlan(epoch=3, base=0, stride=3, offset=0, end=40, holes=[5])]
     walk_ = ShardPasses(60, 3, 1, plans)
     moments = []
-    for step in range(40):  # through the holes, the tail, the queued pass and a fresh pass
+    for _ in range(40):  # through the holes, the tail, the queued pass and a fresh pass
         moments.append((walk_.snapshot(), json.loads(json.dumps(walk_.state_dict()))))
         walk(walk_, 1)
     assert walk_.epoch == 4

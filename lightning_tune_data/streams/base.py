@@ -31,7 +31,7 @@ Packed samples (what ``IterablePackedDataset`` yields) are described in ``stream
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import IterableDataset
@@ -65,6 +65,14 @@ class TuneIterableDataset(IterableDataset, ABC):
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """Return ``{dataset_name: state}`` describing the position after the last yielded sample."""
+
+    def snapshot(self) -> Callable[[], dict[str, Any]]:
+        """A record of the position after the last yielded sample; calling it returns
+        :meth:`state_dict`'s result for that position. The train loader takes one after every
+        batch. This default records the state at once; streams that can record their position
+        more cheaply override it and build the state only when called."""
+        state = self.state_dict()
+        return lambda: state
 
     @abstractmethod
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -320,7 +320,7 @@ class InterleavedDataset(TuneIterableDataset):
         The train loader takes one after every batch and builds the state only when a checkpoint
         asks."""
         self._resolve()
-        children = [_child_snapshot(ds) for ds in self._datasets]
+        children = [ds.snapshot() for ds in self._datasets]
         draws, consumed = self._draws, [list(account) for account in self._consumed]
         exhausted, finished = list(self._exhausted), self._finished
 
@@ -542,12 +542,3 @@ def _round_robin(datasets: list[Iterable], stopping_strategy: str) -> Iterator:
             if stopping_strategy == "first_exhausted":
                 return
             iterators.remove(iterator)
-
-
-def _child_snapshot(child: TuneIterableDataset) -> Callable[[], dict[str, Any]]:
-    """The child's cheap snapshot where it offers one, else its state now."""
-    snapshot = getattr(child, "snapshot", None)
-    if snapshot is not None:
-        return snapshot()
-    state = child.state_dict()
-    return lambda: state

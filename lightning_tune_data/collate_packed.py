@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -45,6 +47,9 @@ from lightning_tune_data.streams.pack_pieces import (
     write_rows,
 )
 from lightning_tune_data.worker_memory import batch_tensor
+
+
+_PACK, _REFS, _LENGTH = operator.attrgetter("pack"), operator.attrgetter("refs"), operator.attrgetter("length")
 
 
 def _outputs(planes: int, batch_size: int, width: int, max_documents: int,
@@ -193,8 +198,10 @@ class PackedCollator:
         owner = type(self).__name__
         if len(samples) == 0:
             raise ValueError(f"{owner}: cannot collate an empty list of samples.")
-        if all(type(sample) is PackedSample and sample.pack is not None for sample in samples):
-            return self._collate_packs([sample.pack for sample in samples])
+        if set(map(type, samples)) == {PackedSample}:
+            packs = list(map(_PACK, samples))
+            if None not in packs:  # the packer's own packs (not rebuilt from their items)
+                return self._collate_packs(packs)
         validated = [self._validated(index, sample) for index, sample in enumerate(samples)]
         batch_size = len(validated)
         lengths = np.fromiter(
@@ -238,7 +245,7 @@ class PackedCollator:
         """
         owner = type(self).__name__
         batch_size = len(packs)
-        pack_lengths = [pack.length for pack in packs]
+        pack_lengths = list(map(_LENGTH, packs))
         longest = max(pack_lengths)
         if self.max_seq_len is not None and longest > self.max_seq_len:
             raise ValueError(
@@ -246,9 +253,10 @@ class PackedCollator:
                 "the packer and the collator the same max_seq_len."
             )
         width = _padded_length(longest, self.pad_to_multiple_of)
-        counts = [len(pack.refs) for pack in packs]
+        refs = list(map(_REFS, packs))
+        counts = list(map(len, refs))
         most = max(counts)
-        columns = tuple(zip(*[ref for pack in packs for ref in pack.refs]))
+        columns = tuple(zip(*itertools.chain.from_iterable(refs)))
         lens = columns[LENGTH_AT]
         # Segments of the flattened [B, width] block: each row's pieces, then its padding (a few
         # dozen values: Python lists are cheaper than NumPy calls at this size).

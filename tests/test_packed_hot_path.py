@@ -16,6 +16,7 @@ import torch
 
 from lightning_tune_data.collate import PackedCollator
 from lightning_tune_data.streams.arrow_source import ArrowSource, _ListColumn
+from lightning_tune_data.streams.interleave import InterleavedDataset
 from lightning_tune_data.streams.memory import InMemoryStream
 from lightning_tune_data.streams import pack_pieces
 from lightning_tune_data.streams.pack_pieces import Pack, write_rows
@@ -198,6 +199,58 @@ def test_snapshot_built_later_equals_the_state_dict_of_its_moment(strategy: str)
         next(it)
     for snapshot, expected in moments:
         assert json.loads(json.dumps(snapshot())) == expected
+
+
+def _mixed_child(overlong: str) -> InterleavedDataset:
+    children = [ArrowSource(_table(700, seed=21), "web", seed=3, max_seq_len=64, overlong=overlong),
+                ArrowSource(_table(150, seed=22, empty_every=7), "code", seed=4, max_seq_len=64, overlong=overlong)]
+    return InterleavedDataset(children, [0.7, 0.3], seed=5)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("overlong", ["truncate", "drop"])
+@pytest.mark.parametrize("child", ["source", "mixture"])
+def test_snapshot_replayed_from_the_block_start_equals_the_held_packs_of_its_moment(strategy, overlong, child) -> None:
+    # Several blocks of 512 documents and pass boundaries; documents up to 120 tokens against packs of 64.
+    source = (ArrowSource(_table(1100, seed=20, max_len=120, empty_every=11), "s", seed=6, max_seq_len=None)
+              if child == "source" else _mixed_child(overlong))
+    packer = IterablePackedDataset(source, 64, strategy=strategy, buffer_size=5, overlong=overlong)
+    it = iter(packer)
+    moments, replayed = [], 0
+    for step in range(900):
+        next(it)
+        if step % 7 and step % 61 != 60:
+            continue
+        replayed += packer._block_start is not None and packer._block_start.queue is packer._queue
+        held = json.loads(json.dumps(packer._held_snapshot()()))  # every held pack walked at this moment
+        moments.append((packer.snapshot(), held))
+    for _ in range(300):  # the held packs keep growing and later blocks are read before the builds
+        next(it)
+    assert replayed == len(moments) > 100
+    for snapshot, expected in moments:
+        assert json.loads(json.dumps(snapshot())) == expected
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_snapshots_fall_back_to_the_held_packs_after_a_restore_and_at_the_end_of_the_child(strategy: str) -> None:
+    def packer() -> IterablePackedDataset:
+        return IterablePackedDataset(ArrowSource(_table(600, seed=23), "s", seed=1, max_seq_len=64, num_passes=1), 64,
+                                     strategy=strategy, buffer_size=4)
+
+    first = packer()
+    it = iter(first)
+    for _ in range(30):
+        next(it)
+    resumed = packer()
+    resumed.load_state_dict(first.state_dict())
+    assert resumed._block_start is None  # restored: nothing to replay from until the next block
+    assert resumed.snapshot()() == first.state_dict()
+    rest_first, rest_resumed = list(it), []
+    for pack in resumed:
+        rest_resumed.append(dict(pack))
+        assert resumed.snapshot()() == resumed._held_snapshot()()
+    _assert_same(rest_resumed, [dict(pack) for pack in rest_first])
+    assert resumed.state_dict()["packed_s"]["finished"]
 
 
 def test_train_loader_takes_snapshots_in_process_and_builds_the_state_only_when_asked() -> None:

@@ -23,6 +23,7 @@ in this piece).
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -41,6 +42,8 @@ INLINE = "inline"
 NOT_REREADABLE = -1
 #: Positions of the fields in a piece reference.
 SOURCE_AT, ROW_AT, EPOCH_AT, START_AT, LENGTH_AT, NEW_DOCUMENT_AT, TRUNCATED_AT, DROPPED_AT = range(8)
+
+_STORES = operator.attrgetter("stores")
 
 Reference = tuple  # (source, row, epoch, start, length, new_document, truncated_tokens, dropped_before)
 #: A piece's tokens: a position in its source's flat token array, or a view.
@@ -96,13 +99,22 @@ def _integer_bounds(dtype: np.dtype) -> tuple[int, int]:
     return int(info.min), int(info.max)
 
 
+@functools.lru_cache(maxsize=8)
+def _padding_bytes(width: int, pad_id: int, dtype: np.dtype) -> memoryview:
+    """The bytes of ``width`` tokens of ``pad_id`` in ``dtype`` (the same few rows for every batch)."""
+    padding = np.full(width, pad_id, dtype=dtype)
+    padding.flags.writeable = False
+    return memoryview(padding).cast("B")
+
+
 def _flat_bytes(packs: Sequence[Pack]) -> tuple[dict[str, memoryview], np.dtype] | None:
     """By source name, the bytes of the flat token arrays the packs' positions index, and their
     one dtype; ``None`` when there are none or their dtypes differ."""
     flats: dict[str, memoryview] = {}
     dtype = None
-    for stores in {id(pack.stores): pack.stores for pack in packs if pack.stores}.values():
-        for name, store in stores.items():
+    all_stores = list(map(_STORES, packs))  # usually one dict, shared by all packs of a packer
+    for stores in dict(zip(map(id, all_stores), all_stores)).values():
+        for name, store in (stores or {}).items():
             flat = store.flat_tokens()
             if dtype is not None and flat.dtype != dtype:
                 return None
@@ -123,15 +135,21 @@ def _joined_rows(packs: Sequence[Pack], width: int, pad_id: int) -> np.ndarray |
     if not low <= pad_id <= high:
         return None
     item = dtype.itemsize
-    padding = memoryview(np.full(width, pad_id, dtype=dtype)).cast("B")
+    padding = _padding_bytes(width, pad_id, dtype)
+    only = next(iter(flats.values())) if len(flats) == 1 else None
     parts: list[memoryview] = []
-    for pack in packs:
-        for ref, position in zip(pack.refs, pack.tokens):
-            if type(position) is not int:  # a piece that holds its own array
-                return None
-            parts.append(flats[ref[SOURCE_AT]][position * item : (position + ref[LENGTH_AT]) * item])
-        if pack.length < width:
-            parts.append(padding[: (width - pack.length) * item])
+    try:  # a piece that holds its own array can't be a slice bound: TypeError
+        for pack in packs:
+            if only is not None:
+                parts += [only[position * item : (position + ref[LENGTH_AT]) * item]
+                          for ref, position in zip(pack.refs, pack.tokens)]
+            else:
+                parts += [flats[ref[SOURCE_AT]][position * item : (position + ref[LENGTH_AT]) * item]
+                          for ref, position in zip(pack.refs, pack.tokens)]
+            if pack.length < width:
+                parts.append(padding[: (width - pack.length) * item])
+    except TypeError:
+        return None
     return np.frombuffer(b"".join(parts), dtype=dtype)
 
 
@@ -184,15 +202,18 @@ class Pack:
     Args:
         stores: by source name, the sources whose flat token arrays the pieces' positions index
             (the placer's, shared by all its packs).
+        refs, tokens: the first pieces' references and tokens (default: none).
+        length: the sum of those pieces' lengths.
     """
 
     __slots__ = ("refs", "tokens", "extras", "length", "stores")
 
-    def __init__(self, stores: Mapping[str, Any] | None = None) -> None:
-        self.refs: list[Reference] = []
-        self.tokens: list[PieceTokens] = []
+    def __init__(self, stores: Mapping[str, Any] | None = None, refs: list[Reference] | None = None,
+                 tokens: list[PieceTokens] | None = None, length: int = 0) -> None:
+        self.refs: list[Reference] = [] if refs is None else refs
+        self.tokens: list[PieceTokens] = [] if tokens is None else tokens
         self.extras: list[PieceExtra | None] | None = None  # only once some piece has an extra
-        self.length = 0
+        self.length = length  # the sum of the pieces' lengths
         self.stores = stores
 
     def add(self, ref: Reference, tokens: PieceTokens, extra: PieceExtra | None = None) -> None:
@@ -203,6 +224,13 @@ class Pack:
         self.refs.append(ref)
         self.tokens.append(tokens)
         self.length += ref[LENGTH_AT]
+
+    def prefix(self, count: int) -> Pack:
+        """A new pack of this pack's first ``count`` pieces (the pack as it was when it held them)."""
+        refs = self.refs[:count]
+        pack = Pack(self.stores, refs, self.tokens[:count], sum(ref[LENGTH_AT] for ref in refs))
+        pack.extras = None if self.extras is None else self.extras[:count]
+        return pack
 
     def pieces(self) -> Iterator[tuple[Reference, PieceTokens, PieceExtra | None]]:
         extras = self.extras if self.extras is not None else [None] * len(self.refs)

@@ -241,40 +241,48 @@ class PackPlacer:
         return queue.at - start
 
     def _best_fit_from(self, queue: DocumentQueue) -> None:
-        """:meth:`_add_best_fit` over a plain queue, with the common case inlined."""
+        """:meth:`_add_best_fit` over a plain queue until a pack is finished, with the common cases inlined."""
         refs, tokens = queue.refs, queue.tokens
-        at, count, ready = queue.at, len(refs), self.ready
-        cap, free, open_packs = self.max_seq_len, self.free, self.open
+        count, ready, length_at = len(refs), self.ready, LENGTH_AT
+        cap, free, open_packs, stores, buffer_size = self.max_seq_len, self.free, self.open, self.stores, self.buffer_size
         bisect_left, insort, shift, mask = bisect.bisect_left, bisect.insort, _NUMBER_BITS, _NUMBER_MASK
-        while at < count and not ready:
+        placed = count
+        for at in range(queue.at, count):
             ref = refs[at]
-            n = ref[LENGTH_AT]
-            if n > cap:  # overlong: the general path applies the policy
-                self.place(ref, tokens[at], None)
-                at += 1
-                continue
-            i = bisect_left(free, n << shift)
-            if i == len(free):  # fits in no open pack: opens one
-                pack = Pack(self.stores)
+            n = ref[length_at]
+            need = n << shift
+            i = bisect_left(free, need)
+            if i < len(free):  # the common case: the tightest open pack that holds the document
+                key = free.pop(i)
+                pack = open_packs[key & mask]
                 pack.refs.append(ref)
                 pack.tokens.append(tokens[at])
-                pack.length = n
-                at += 1
-                self._open_best_fit(pack)
-                continue
-            key = free.pop(i)
-            pack = open_packs[key & mask]
-            pack.refs.append(ref)
-            pack.tokens.append(tokens[at])
-            at += 1
-            if pack.extras is not None:
-                pack.extras.append(None)
-            pack.length += n
-            if key >> shift == n:
+                if pack.extras is not None:
+                    pack.extras.append(None)
+                pack.length += n
+                rest = key - need  # the pack's key after the document
+                if rest > mask:  # space left
+                    insort(free, rest)
+                    continue
                 ready.append(open_packs.pop(key & mask))
-            else:
-                insort(free, key - (n << shift))
-        queue.at = at
+            elif n > cap:  # overlong (it fits in no pack): the general path applies the policy
+                self.place(ref, tokens[at], None)
+            else:  # fits in no open pack: opens one, and the fullest is emitted past buffer_size packs
+                pack = Pack(stores, [ref], [tokens[at]], n)
+                if n == cap:
+                    ready.append(pack)
+                else:
+                    number = self.next_number
+                    self.next_number = number + 1
+                    open_packs[number] = pack
+                    insort(free, free_key(cap - n, number))
+                    if len(open_packs) <= buffer_size:
+                        continue
+                    ready.append(open_packs.pop(free.pop(0) & mask))
+            if ready:
+                placed = at + 1
+                break
+        queue.at = placed
 
     def _concat_from(self, queue: DocumentQueue) -> None:
         """:meth:`_add_concat` over a plain queue: the run of whole documents that fit in the open

@@ -64,7 +64,7 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -111,6 +111,16 @@ _MAX_UNUSABLE_IN_A_ROW = 100_000
 _BLOCK_DOCUMENTS = 512
 
 Piece = tuple[Reference, np.ndarray, "PieceExtra | None"]
+
+
+class _BlockStart(NamedTuple):
+    """The packer right after it queued a block: a later snapshot replays placement from here."""
+
+    queue: DocumentQueue  # the block's documents
+    packs: list[Pack]  # the open packs (oldest first), then the finished packs not handed out
+    counts: list[int]  # how many pieces each of ``packs`` held then
+    num_open: int
+    packs_out: int  # packs handed out before the block
 
 
 class IterablePackedDataset(TuneIterableDataset):
@@ -162,6 +172,7 @@ class IterablePackedDataset(TuneIterableDataset):
         }
         self._placer = PackPlacer(strategy, max_seq_len, buffer_size, overlong, self._counters)
         self._queue = DocumentQueue()  # documents read in a block, not packed yet (block reading only)
+        self._block_start: _BlockStart | None = None
 
     @property
     def dataset_name(self) -> str:
@@ -248,6 +259,9 @@ class IterablePackedDataset(TuneIterableDataset):
             return False
         self._placer.stores.update(block.stores)
         self._queue = DocumentQueue(block.references(), block.tokens, block=block)
+        packs, num_open = self._held_packs()
+        self._block_start = _BlockStart(self._queue, packs, [len(pack.refs) for pack in packs], num_open,
+                                        self._counters["packs"])
         return True
 
     # -- packs out -------------------------------------------------------------------------
@@ -271,8 +285,9 @@ class IterablePackedDataset(TuneIterableDataset):
                 self._finished = True
                 return
             if blocks:
-                if self._queue:  # pack queued documents until a pack is ready; the state holds the rest
-                    counters["documents"] += placer.place_from(self._queue)
+                queue = self._queue
+                if queue.at < len(queue.refs):  # place queued documents until a pack is ready; the state holds the rest
+                    counters["documents"] += placer.place_from(queue)
                     continue
                 if self._read_block():
                     continue
@@ -350,7 +365,7 @@ class IterablePackedDataset(TuneIterableDataset):
         shard = current_shard(getattr(self._child, "rank", 0), getattr(self._child, "world_size", 1))
         self._placer.set_open([])
         self._placer.ready.clear()
-        self._queue = DocumentQueue()
+        self._queue, self._block_start = DocumentQueue(), None
         if shard.shard_id == 0:
             self._set_counters(remaining["counters"])
         for pack in self._packs_from_state(take_pieces(remaining["held"], shard.shard_id, shard.num_shards)):
@@ -364,18 +379,29 @@ class IterablePackedDataset(TuneIterableDataset):
         """A cheap record of the position after the last yielded pack; calling it returns
         :meth:`state_dict`'s result for that position.
 
-        Taking it costs a few microseconds whatever the number of held pieces (packs only ever
-        grow by appending, so an open pack is recorded as the pack and its current piece count);
-        the loader takes one after every batch and builds the state only when a checkpoint asks.
+        The loader takes one after every batch and builds the state only when a checkpoint asks.
+        While the packer places the documents of a block, the record is the number of documents
+        placed and the counters (no work per held pack): building the state replays the
+        placement of those documents from the packs held when the block was read, which gives
+        the same packs because placement depends only on the held packs and the documents.
+        Otherwise (no block read yet, documents restored from an older state, the child ended)
+        it records the held packs and their piece counts (packs only ever grow by appending).
         """
         self._resolve()
+        start, queue = self._block_start, self._queue
+        if start is not None and start.queue is queue and not self._child_exhausted:
+            return self._replayed_snapshot(start, queue.at)
+        return self._held_snapshot()
+
+    def _held_packs(self) -> tuple[list[Pack], int]:
+        """The open packs (oldest first) then the finished ones not handed out, and how many are open."""
         packs = list(self._placer.open.values())
         num_open = len(packs)
         packs.extend(self._placer.ready)
-        counts = [len(pack.refs) for pack in packs]
-        queue = self._queue
-        block, placed = queue.block, queue.at
-        fixed = {
+        return packs, num_open
+
+    def _fixed_state(self, num_open: int) -> dict[str, Any]:
+        return {
             "strategy": self._strategy,
             "max_seq_len": self._max_seq_len,
             "counters": dict(self._counters),
@@ -383,6 +409,14 @@ class IterablePackedDataset(TuneIterableDataset):
             "child_exhausted": self._child_exhausted,
             "finished": self._finished,
         }
+
+    def _held_snapshot(self) -> Callable[[], dict[str, Any]]:
+        """The snapshot that records every held pack and its current piece count."""
+        packs, num_open = self._held_packs()
+        counts = [len(pack.refs) for pack in packs]
+        queue = self._queue
+        block, placed = queue.block, queue.at
+        fixed = self._fixed_state(num_open)
         pending = None
         if block is None:  # no block read yet, or documents restored from an older state: saved as documents
             fixed["child"] = self._child.state_dict()
@@ -399,6 +433,36 @@ class IterablePackedDataset(TuneIterableDataset):
             return {name: state}
 
         return build
+
+    def _replayed_snapshot(self, start: _BlockStart, placed: int) -> Callable[[], dict[str, Any]]:
+        """The snapshot after ``placed`` documents of the block read at ``start``."""
+        fixed = self._fixed_state(0)
+
+        def build() -> dict[str, Any]:
+            packs, num_open = self._replay(start, placed, fixed["counters"]["packs"] - start.packs_out)
+            state = {**fixed, "num_open": num_open, "packs": _held_state(packs, [len(pack.refs) for pack in packs])}
+            state["child"] = self._child.state_after_block(start.queue.block, placed)
+            return {self._dataset_name: state}
+
+        return build
+
+    def _replay(self, start: _BlockStart, placed: int, handed_out: int) -> tuple[list[Pack], int]:
+        """The held packs after placing the block's first ``placed`` documents from ``start`` and
+        handing out ``handed_out`` packs since, and how many of them are open."""
+        placer = PackPlacer(self._strategy, self._max_seq_len, self._buffer_size, self._overlong, dict(self._counters))
+        placer.stores = self._placer.stores
+        held = [pack.prefix(count) for pack, count in zip(start.packs, start.counts)]
+        placer.set_open(held[: start.num_open])
+        finished = held[start.num_open :]
+        block = start.queue
+        queue = DocumentQueue(block.refs[:placed], block.tokens[:placed],
+                              None if block.extras is None else block.extras[:placed])
+        while queue:
+            placer.place_from(queue)
+            finished.extend(placer.ready)
+            placer.ready.clear()
+        open_packs = list(placer.open.values())
+        return open_packs + finished[handed_out:], len(open_packs)
 
     def _check_settings(self, own: dict[str, Any]) -> None:
         if own["strategy"] != self._strategy or own["max_seq_len"] != self._max_seq_len:
@@ -422,6 +486,7 @@ class IterablePackedDataset(TuneIterableDataset):
         pending = [] if own.get("pending") is None else self._packs_from_state(own["pending"])
         pieces = [piece for pack in pending for piece in pack.pieces()]
         self._queue = DocumentQueue([p[0] for p in pieces], [p[1] for p in pieces], [p[2] for p in pieces])
+        self._block_start = None
         self._child_exhausted = bool(own["child_exhausted"])
         self._finished = bool(own["finished"])
 

@@ -373,7 +373,11 @@ class IterablePackedDataset(TuneIterableDataset):
                 self._placer.add(*piece)
 
     def state_dict(self) -> dict[str, Any]:
-        return self.snapshot()()
+        # Built at once (a dataloader worker sends one after every batch): walking the held packs
+        # costs less than replaying the block's placement, which only a snapshot that may never
+        # be built should defer to.
+        self._resolve()
+        return self._held_snapshot()()
 
     def snapshot(self) -> Callable[[], dict[str, Any]]:
         """A cheap record of the position after the last yielded pack; calling it returns

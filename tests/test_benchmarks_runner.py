@@ -48,5 +48,5 @@ def test_both_readmes_give_the_same_suite_duration() -> None:
     bench_readme = (REPO / "benchmarks" / "README.md").read_text()
     script = (REPO / "benchmarks" / "run_all.py").read_text()
     for text in (readme, bench_readme, script):
-        assert "~13 min" in text  # the full suite, measured at 660-758 s
+        assert "~11 min" in text  # the full suite, measured at 658-668 s
         assert "~3-5 min" not in text

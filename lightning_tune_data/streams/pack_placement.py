@@ -244,7 +244,7 @@ class PackPlacer:
         """:meth:`_add_best_fit` over a plain queue until a pack is finished, with the common cases inlined."""
         refs, tokens = queue.refs, queue.tokens
         count, ready, length_at = len(refs), self.ready, LENGTH_AT
-        cap, free, open_packs, stores, buffer_size = self.max_seq_len, self.free, self.open, self.stores, self.buffer_size
+        cap, free, open_packs, stores = self.max_seq_len, self.free, self.open, self.stores
         bisect_left, insort, shift, mask = bisect.bisect_left, bisect.insort, _NUMBER_BITS, _NUMBER_MASK
         placed = count
         for at in range(queue.at, count):
@@ -267,18 +267,8 @@ class PackPlacer:
                 ready.append(open_packs.pop(key & mask))
             elif n > cap:  # overlong (it fits in no pack): the general path applies the policy
                 self.place(ref, tokens[at], None)
-            else:  # fits in no open pack: opens one, and the fullest is emitted past buffer_size packs
-                pack = Pack(stores, [ref], [tokens[at]], n)
-                if n == cap:
-                    ready.append(pack)
-                else:
-                    number = self.next_number
-                    self.next_number = number + 1
-                    open_packs[number] = pack
-                    insort(free, free_key(cap - n, number))
-                    if len(open_packs) <= buffer_size:
-                        continue
-                    ready.append(open_packs.pop(free.pop(0) & mask))
+            else:  # fits in no open pack: opens one
+                self._open_best_fit(Pack(stores, [ref], [tokens[at]], n))
             if ready:
                 placed = at + 1
                 break

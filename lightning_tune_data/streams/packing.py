@@ -259,9 +259,7 @@ class IterablePackedDataset(TuneIterableDataset):
             return False
         self._placer.stores.update(block.stores)
         self._queue = DocumentQueue(block.references(), block.tokens, block=block)
-        packs, num_open = self._held_packs()
-        self._block_start = _BlockStart(self._queue, packs, [len(pack.refs) for pack in packs], num_open,
-                                        self._counters["packs"])
+        self._block_start = _BlockStart(self._queue, *self._held_packs(), self._counters["packs"])
         return True
 
     # -- packs out -------------------------------------------------------------------------
@@ -397,12 +395,13 @@ class IterablePackedDataset(TuneIterableDataset):
             return self._replayed_snapshot(start, queue.at)
         return self._held_snapshot()
 
-    def _held_packs(self) -> tuple[list[Pack], int]:
-        """The open packs (oldest first) then the finished ones not handed out, and how many are open."""
+    def _held_packs(self) -> tuple[list[Pack], list[int], int]:
+        """The open packs (oldest first) then the finished ones not handed out, each one's piece
+        count now (packs only ever grow by appending), and how many are open."""
         packs = list(self._placer.open.values())
         num_open = len(packs)
         packs.extend(self._placer.ready)
-        return packs, num_open
+        return packs, [len(pack.refs) for pack in packs], num_open
 
     def _fixed_state(self, num_open: int) -> dict[str, Any]:
         return {
@@ -416,8 +415,7 @@ class IterablePackedDataset(TuneIterableDataset):
 
     def _held_snapshot(self) -> Callable[[], dict[str, Any]]:
         """The snapshot that records every held pack and its current piece count."""
-        packs, num_open = self._held_packs()
-        counts = [len(pack.refs) for pack in packs]
+        packs, counts, num_open = self._held_packs()
         queue = self._queue
         block, placed = queue.block, queue.at
         fixed = self._fixed_state(num_open)

@@ -31,8 +31,10 @@ Four comparisons, each with its baseline measured in the same run, alternated re
   ``TokensLoader`` of shuffled 2049-token blocks in batches of 8, against our ``concat`` path.
   Measured when ``litdata`` is installed (see ``peers.py``); the rows say so when it is not.
 
-Throughput is real (non-padding) tokens per second: ``attention_mask.sum()`` for ours and the
-``datasets`` baseline and the floors, ``8 x 2048`` per batch for the blocks reader. Each measurement runs for a
+Throughput is real (non-padding) tokens per second, counted by ``common.real_tokens`` from numbers
+each batch already holds (our provenance's per-document ``tokens``; the ``num_tokens`` that every
+baseline and floor returns, ``8 x 2048`` for the blocks reader), never by a reduction over the
+batch inside the timed loop. Each measurement runs for a
 fixed wall-clock budget after 3 warm-up batches (worker start-up excluded).
 """
 
@@ -43,11 +45,13 @@ import collections
 import itertools
 import time
 from pathlib import Path
+from typing import Any
+
 import numpy as np
 import torch
 
 from bench_throughput import _drain, hf_baseline_loader
-from common import Result, log, make_datamodule, median, now
+from common import Result, log, make_datamodule, median, now, real_tokens
 from peers import LITDATA_HINT, litdata_blocks_loader, litdata_documents_loader, litdata_version
 
 SEQ = 2048
@@ -85,7 +89,7 @@ class BlocksReader:
         rows = windows.numpy()
         for row, start in enumerate(starts.tolist()):  # one copy per window: faster than a fancy index
             rows[row] = self.flat[start : start + SEQ + 1]
-        return {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}
+        return {"input_ids": windows[:, :-1], "labels": windows[:, 1:], "num_tokens": self.batch_size * SEQ}
 
 
 def flat_offsets(dataset, path: Path) -> np.ndarray:
@@ -143,7 +147,9 @@ class DocumentFloor:
         np.subtract(self.positions, np.repeat(out_starts, lengths), out=positions)
         documents[:] = np.repeat(np.arange(count, dtype=np.int64), lengths)
         mask.fill(1)
-        return dict(zip(("input_ids", "labels", "position_ids", "document_ids", "attention_mask"), block.unbind(0)))
+        batch = dict(zip(("input_ids", "labels", "position_ids", "document_ids", "attention_mask"), block.unbind(0)))
+        batch["num_tokens"] = need
+        return batch
 
 
 class BestFitFloor:
@@ -254,7 +260,9 @@ class BestFitFloor:
         for row, n in enumerate(filled):
             if n < SEQ:
                 planes[:, row, n:] = padding
-        return dict(zip(("input_ids", "labels", "position_ids", "document_ids", "attention_mask"), block.unbind(0)))
+        batch = dict(zip(("input_ids", "labels", "position_ids", "document_ids", "attention_mask"), block.unbind(0)))
+        batch["num_tokens"] = sum(filled)
+        return batch
 
 
 class PaddedFloor:
@@ -285,15 +293,17 @@ class PaddedFloor:
         docs = self.order[self.cursor : self.cursor + self.batch_size]
         self.cursor += self.batch_size
         lengths = self.lengths[docs]
-        tokens = join_ranges(self.flat, self.starts[docs].tolist(), lengths.tolist())
-        return padded_batch(lengths, tokens, 0, self.columns)
+        lengths_list = lengths.tolist()
+        tokens = join_ranges(self.flat, self.starts[docs].tolist(), lengths_list)
+        return padded_batch(lengths, tokens, 0, self.columns, sum(lengths_list))
 
 
-def padded_batch(lengths: np.ndarray, tokens: np.ndarray, pad_id: int, columns: np.ndarray) -> dict[str, torch.Tensor]:
-    """Documents of ``lengths`` (their ``tokens`` back to back) padded into one ``[4, B, L]`` int64
-    block with a few whole-batch NumPy operations (``L`` the longest; ``columns`` is ``arange(>= L)``):
-    ``input_ids`` (``pad_id`` on padding), ``labels`` (shifted, ``-100`` at each document's end and on
-    padding), ``attention_mask`` and ``position_ids``."""
+def padded_batch(lengths: np.ndarray, tokens: np.ndarray, pad_id: int, columns: np.ndarray,
+                 num_tokens: int) -> dict[str, Any]:
+    """Documents of ``lengths`` (their ``tokens`` back to back, ``num_tokens`` in all) padded into one
+    ``[4, B, L]`` int64 block with a few whole-batch NumPy operations (``L`` the longest; ``columns``
+    is ``arange(>= L)``): ``input_ids`` (``pad_id`` on padding), ``labels`` (shifted, ``-100`` at each
+    document's end and on padding), ``attention_mask`` and ``position_ids``, and ``num_tokens``."""
     width = int(lengths.max())
     block = torch.empty((4, len(lengths), width), dtype=torch.int64)
     input_ids, labels, attention_mask, position_ids = block.numpy()
@@ -304,7 +314,9 @@ def padded_batch(lengths: np.ndarray, tokens: np.ndarray, pad_id: int, columns: 
     input_ids[real] = tokens
     labels.fill(-100)
     np.copyto(labels[:, :-1], input_ids[:, 1:], where=real[:, 1:])
-    return dict(zip(("input_ids", "labels", "attention_mask", "position_ids"), block.unbind(0)))
+    batch: dict[str, Any] = dict(zip(("input_ids", "labels", "attention_mask", "position_ids"), block.unbind(0)))
+    batch["num_tokens"] = num_tokens
+    return batch
 
 
 class VectorPadCollate:
@@ -318,7 +330,8 @@ class VectorPadCollate:
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         ids = [row["input_ids"][: self.max_seq_len] for row in rows]
-        return padded_batch(np.array([len(x) for x in ids]), np.concatenate(ids), self.pad_id, self.columns)
+        lengths = [len(x) for x in ids]
+        return padded_batch(np.array(lengths), np.concatenate(ids), self.pad_id, self.columns, sum(lengths))
 
 
 def join_ranges(flat: np.ndarray, starts: list[int], lengths: list[int]) -> np.ndarray:
@@ -343,8 +356,7 @@ def drain_blocks(flat: np.ndarray, budget_s: float, seed: int, offsets: np.ndarr
     while True:
         batch = next(reader)
         batches += 1
-        mask = batch.get("attention_mask")
-        tokens += PACKED_BATCH * SEQ if mask is None else int(mask.sum())
+        tokens += real_tokens(batch)
         if batches % 32 == 0 and now() - start >= budget_s:
             break
     elapsed = now() - start
@@ -380,6 +392,7 @@ class ReadyBatches(torch.utils.data.IterableDataset):
                 "labels": torch.ones(rows, width, dtype=torch.int64),
                 "attention_mask": torch.ones(rows, width, dtype=torch.int64),
                 "position_ids": torch.arange(width, dtype=torch.int64).repeat(rows, 1),
+                "num_tokens": rows * width,
             }
 
 

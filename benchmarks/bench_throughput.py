@@ -24,7 +24,9 @@ Baselines, measured in the same run and interleaved with ours repeat by repeat:
   10 % target is checked against the minimal-collate ceiling (ours also yields collated batches);
   the no-collate figure is reported for reference.
 
-Tokens are real (non-padding) tokens: ``attention_mask.sum()`` of each batch. Every measurement
+Tokens are real (non-padding) tokens, counted by ``common.real_tokens`` from numbers each batch
+already holds (our provenance's per-document ``tokens``, the baseline collate's ``num_tokens``),
+not by summing the attention mask inside the timed loop. Every measurement
 runs for a fixed wall-clock budget after a warm-up of a few batches (worker start-up excluded).
 """
 
@@ -36,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from common import Result, SOURCE_WEIGHTS, log, make_datamodule, median, now
+from common import Result, SOURCE_WEIGHTS, log, make_datamodule, median, now, real_tokens
 
 CONFIGS = [
     # name, interleaved, packing, batch size
@@ -67,9 +69,8 @@ def _drain(iterable_factory, budget_s: float, min_batches: int = 5) -> tuple[flo
         except StopIteration:  # a finite baseline ran out: start it again
             it = iter(iterable_factory())
             continue
-        mask = batch["attention_mask"]
-        samples += mask.shape[0]
-        tokens += int(mask.sum())
+        samples += len(batch["input_ids"])
+        tokens += real_tokens(batch)
         batches += 1
         elapsed = now() - start
         if elapsed >= budget_s and batches >= min_batches:
@@ -98,7 +99,8 @@ class SimplePadCollate:
             input_ids[i, :n] = s
             labels[i, : n - 1] = s[1:]
             attention_mask[i, :n] = 1
-        return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+        return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask,
+                "num_tokens": sum(map(len, seqs))}
 
 
 def hf_baseline_loader(dm, interleaved: bool, batch_size: int, num_workers: int, seed: int = 0, num_shards: int = 64):

@@ -79,12 +79,12 @@ class _TokenShards:
 
 class BlockCollate:
     """Token blocks ``[B, 2049]`` into int64 ``input_ids = w[:, :-1]`` and ``labels = w[:, 1:]``
-    (plus an all-ones ``attention_mask`` so the throughput loop counts every token)."""
+    (and ``num_tokens``, every input token, for the throughput loop's count)."""
 
-    def __call__(self, blocks: list[np.ndarray]) -> dict[str, torch.Tensor]:
+    def __call__(self, blocks: list[np.ndarray]) -> dict[str, Any]:
         window = torch.from_numpy(np.stack(blocks).astype(np.int64))
         inputs = window[:, :-1]
-        return {"input_ids": inputs, "labels": window[:, 1:], "attention_mask": torch.ones_like(inputs)}
+        return {"input_ids": inputs, "labels": window[:, 1:], "num_tokens": inputs.numel()}
 
 
 def litdata_documents_loader(data_dir: Path, flat_path: Path, offsets_path: Path, num_docs: int, batch_size: int,

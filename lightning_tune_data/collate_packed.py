@@ -282,7 +282,7 @@ class PackedCollator:
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
         views, planes, seq_lens, seq_lens_tensor = _outputs(len(fills) + 1, batch_size, width, most)
         tokens, labels = views[0], views[1]
-        write_rows(packs, width, self.pad_id, tokens.reshape(-1))
+        write_rows(packs, width, self.pad_id, tokens.reshape(-1), lens, columns[SOURCE_AT])
         flat_labels = labels.reshape(-1)
         # Shifted over the whole block: a row's last label is a piece's end or padding, set below.
         flat_labels[:-1] = tokens.reshape(-1)[1:]

@@ -430,6 +430,22 @@ def test_flat_positions_read_the_same_tokens_as_row_views_across_slices_and_empt
     assert by_view[29:32] == [[30, 31, 32, 33], [], [34, 35, 36, 37, 38, 39, 40]]
 
 
+@pytest.mark.parametrize("chunk_rows", [[7, 7, 7, 3], [7, 7, 7, 12], [7], [7, 7, 5, 7], [7, 7, 0, 7]])
+def test_flat_positions_of_shuffled_rows_match_row_views_with_equal_and_unequal_chunks(chunk_rows):
+    ids = [[i] * (1 + i % 4) for i in range(sum(chunk_rows))]
+    parts, start = [], 0
+    for count in chunk_rows:
+        parts.append(pa.table({"input_ids": pa.array(ids[start : start + count], type=pa.list_(pa.int32()))}))
+        start += count
+    source = ArrowSource(pa.concat_tables(parts), "src", shuffle=False)
+    source._columns()
+    flat = source._input_ids.flat()
+    rows = np.random.default_rng(0).permutation(len(ids))
+    positions, lengths = flat.positions(rows)
+    got = [flat.values[p : p + n].tolist() for p, n in zip(positions.tolist(), lengths.tolist())]
+    assert got == [ids[row] for row in rows.tolist()]
+
+
 def test_flat_positions_span_a_datasets_cache_saved_as_several_memory_mapped_files(tmp_path):
     datasets = pytest.importorskip("datasets")
     ids = [[i] * (1 + i % 9) for i in range(400)]

@@ -50,3 +50,29 @@ def test_both_readmes_give_the_same_suite_duration() -> None:
     for text in (readme, bench_readme, script):
         assert "~11 min" in text  # the full suite, measured at 658-668 s
         assert "~3-5 min" not in text
+
+
+def test_token_counts_read_from_each_batch_equal_its_attention_mask_sum(tmp_path: Path) -> None:
+    import itertools
+
+    import bench_hotpath
+    from bench_throughput import SimplePadCollate
+    from common import make_datamodule, real_tokens, write_token_parquet
+
+    parquet = tmp_path / "tokens.parquet"
+    write_token_parquet(parquet, 3000)
+    for packing, batch_size in ((None, 16), ("concat", 8), ("best_fit", 8)):
+        dm = make_datamodule(parquet, tmp_path / "cache", False, packing, 0, batch_size)
+        for batch in itertools.islice(dm.train_dataloader(), 6):
+            assert real_tokens(batch) == int(batch["attention_mask"].sum())
+    dataset = dm._datasets["train"]["web"]
+    flat = bench_hotpath.flat_tokens(dataset, tmp_path / "flat.npy")
+    offsets = bench_hotpath.flat_offsets(dataset, tmp_path / "offsets.npy")
+    readers = [bench_hotpath.BestFitFloor(flat, offsets, 8, 0), bench_hotpath.DocumentFloor(flat, offsets, 8, 0),
+               bench_hotpath.PaddedFloor(flat, offsets, 16, 0)]
+    for reader in readers:
+        for batch in itertools.islice(reader, 6):
+            assert real_tokens(batch) == int(batch["attention_mask"].sum())
+    rows = [{"input_ids": list(range(n))} for n in (3, 9, 1, 2100)]
+    batch = SimplePadCollate(2048)(rows)
+    assert real_tokens(batch) == int(batch["attention_mask"].sum()) == 3 + 9 + 1 + 2048

@@ -23,6 +23,7 @@ in this piece).
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -43,7 +44,7 @@ NOT_REREADABLE = -1
 #: Positions of the fields in a piece reference.
 SOURCE_AT, ROW_AT, EPOCH_AT, START_AT, LENGTH_AT, NEW_DOCUMENT_AT, TRUNCATED_AT, DROPPED_AT = range(8)
 
-_STORES = operator.attrgetter("stores")
+_STORES, _REFS, _TOKENS = operator.attrgetter("stores"), operator.attrgetter("refs"), operator.attrgetter("tokens")
 
 Reference = tuple  # (source, row, epoch, start, length, new_document, truncated_tokens, dropped_before)
 #: A piece's tokens: a position in its source's flat token array, or a view.
@@ -100,69 +101,88 @@ def _integer_bounds(dtype: np.dtype) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=8)
-def _padding_bytes(width: int, pad_id: int, dtype: np.dtype) -> memoryview:
-    """The bytes of ``width`` tokens of ``pad_id`` in ``dtype`` (the same few rows for every batch)."""
+def _padding_view(width: int, pad_id: int, dtype: np.dtype) -> memoryview:
+    """``width`` tokens of ``pad_id`` in ``dtype`` (the same few rows for every batch)."""
     padding = np.full(width, pad_id, dtype=dtype)
     padding.flags.writeable = False
-    return memoryview(padding).cast("B")
+    return memoryview(padding)
 
 
-def _flat_bytes(packs: Sequence[Pack]) -> tuple[dict[str, memoryview], np.dtype] | None:
-    """By source name, the bytes of the flat token arrays the packs' positions index, and their
-    one dtype; ``None`` when there are none or their dtypes differ."""
-    flats: dict[str, memoryview] = {}
+def _flat_views(packs: Sequence[Pack]) -> tuple[dict[str, memoryview], np.dtype] | None:
+    """By source name, views of the flat token arrays the packs' positions index, and their one
+    dtype; ``None`` when there are none or their dtypes differ."""
+    first = packs[0].stores
+    if all(pack.stores is first for pack in packs):  # the packs of one packer share its stores
+        all_stores = [first]
+    else:
+        all_stores = list(map(_STORES, packs))
+        all_stores = list(dict(zip(map(id, all_stores), all_stores)).values())
+    views: dict[str, memoryview] = {}
     dtype = None
-    all_stores = list(map(_STORES, packs))  # usually one dict, shared by all packs of a packer
-    for stores in dict(zip(map(id, all_stores), all_stores)).values():
+    for stores in all_stores:
         for name, store in (stores or {}).items():
             flat = store.flat_tokens()
             if dtype is not None and flat.dtype != dtype:
                 return None
             dtype = flat.dtype
-            flats[name] = memoryview(flat).cast("B")
-    return None if dtype is None else (flats, dtype)
+            views[name] = memoryview(flat)
+    return None if dtype is None else (views, dtype)
 
 
-def _joined_rows(packs: Sequence[Pack], width: int, pad_id: int) -> np.ndarray | None:
-    """Every pack's tokens, each row padded with ``pad_id`` to ``width``, as one join of byte
-    ranges of the flat token arrays (in their dtype); ``None`` unless every piece is a position
-    in flat token arrays of one integer dtype that holds ``pad_id``."""
-    found = _flat_bytes(packs)
+def _joined_rows(packs: Sequence[Pack], width: int, pad_id: int, lengths: Sequence[int],
+                 sources: Sequence[str]) -> np.ndarray | None:
+    """Every pack's tokens, each row padded with ``pad_id`` to ``width``, as one join of ranges
+    of the flat token arrays (in their dtype); ``None`` unless every piece is a position in flat
+    token arrays of one integer dtype that holds ``pad_id``."""
+    found = _flat_views(packs)
     if found is None:
         return None
-    flats, dtype = found
+    views, dtype = found
     low, high = _integer_bounds(dtype)
     if not low <= pad_id <= high:
         return None
-    item = dtype.itemsize
-    padding = _padding_bytes(width, pad_id, dtype)
-    only = next(iter(flats.values())) if len(flats) == 1 else None
-    parts: list[memoryview] = []
-    try:  # a piece that holds its own array can't be a slice bound: TypeError
-        for pack in packs:
-            if only is not None:
-                parts += [only[position * item : (position + ref[LENGTH_AT]) * item]
-                          for ref, position in zip(pack.refs, pack.tokens)]
-            else:
-                parts += [flats[ref[SOURCE_AT]][position * item : (position + ref[LENGTH_AT]) * item]
-                          for ref, position in zip(pack.refs, pack.tokens)]
-            if pack.length < width:
-                parts.append(padding[: (width - pack.length) * item])
-    except TypeError:
+    positions = list(itertools.chain.from_iterable(map(_TOKENS, packs)))
+    try:  # a piece that holds its own array can't be a slice bound (TypeError), nor its source be a store's (KeyError)
+        if len(views) == 1:
+            view = next(iter(views.values()))
+            parts = [view[position : position + length] for position, length in zip(positions, lengths)]
+        else:
+            parts = [views[source][position : position + length]
+                     for source, position, length in zip(sources, positions, lengths)]
+    except (TypeError, KeyError):
         return None
+    padding = _padding_view(width, pad_id, dtype)
+    end = len(parts)
+    for pack in reversed(packs):  # each row's padding after its last piece
+        if pack.length < width:
+            parts.insert(end, padding[: width - pack.length])
+        end -= len(pack.tokens)
     return np.frombuffer(b"".join(parts), dtype=dtype)
 
 
-def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray) -> None:
+def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray,
+               lengths: Sequence[int] | None = None, sources: Sequence[str] | None = None) -> None:
     """Write every pack's tokens, each row padded with ``pad_id`` to ``width`` tokens, into the
     flat array ``out`` (``len(packs) * width`` items).
 
     When every piece is a position in flat token arrays of one integer dtype that holds
-    ``pad_id`` (documents read in blocks), the rows are one join of byte ranges, converted in one
-    copy: slicing bytes costs a fraction of building a NumPy view per piece. Otherwise the
-    pieces' arrays and the padding are concatenated.
+    ``pad_id`` (documents read in blocks), the rows are one join of ranges of those arrays,
+    converted in one copy: slicing a buffer costs a fraction of building a NumPy view per piece.
+    Otherwise the pieces' arrays and the padding are concatenated.
+
+    Args:
+        packs: the rows' packs, in order.
+        width: tokens per row.
+        pad_id: the token written after each pack's pieces.
+        out: the flat output array.
+        lengths, sources: every piece's length and source name, packs back to back, when the
+            caller has them already (default: read from the references).
     """
-    joined = _joined_rows(packs, width, pad_id)
+    if lengths is None or sources is None:
+        refs = list(itertools.chain.from_iterable(map(_REFS, packs)))
+        lengths = [ref[LENGTH_AT] for ref in refs]
+        sources = [ref[SOURCE_AT] for ref in refs]
+    joined = _joined_rows(packs, width, pad_id, lengths, sources)
     if joined is not None:
         np.copyto(out, joined, casting="same_kind")
         return
@@ -212,14 +232,16 @@ class Pack:
                  tokens: list[PieceTokens] | None = None, length: int = 0) -> None:
         self.refs: list[Reference] = [] if refs is None else refs
         self.tokens: list[PieceTokens] = [] if tokens is None else tokens
-        self.extras: list[PieceExtra | None] | None = None  # only once some piece has an extra
+        # The extras of the first len(extras) pieces (the later ones have none); None while no piece has one.
+        self.extras: list[PieceExtra | None] | None = None
         self.length = length  # the sum of the pieces' lengths
         self.stores = stores
 
     def add(self, ref: Reference, tokens: PieceTokens, extra: PieceExtra | None = None) -> None:
-        if extra is not None and self.extras is None:
-            self.extras = [None] * len(self.refs)
-        if self.extras is not None:
+        if extra is not None:
+            if self.extras is None:
+                self.extras = []
+            self.extras += [None] * (len(self.refs) - len(self.extras))
             self.extras.append(extra)
         self.refs.append(ref)
         self.tokens.append(tokens)
@@ -233,7 +255,8 @@ class Pack:
         return pack
 
     def pieces(self) -> Iterator[tuple[Reference, PieceTokens, PieceExtra | None]]:
-        extras = self.extras if self.extras is not None else [None] * len(self.refs)
+        extras = self.extras or []
+        extras = extras + [None] * (len(self.refs) - len(extras))
         return zip(self.refs, self.tokens, extras)
 
     def to_sample(self) -> dict[str, Any]:
@@ -241,7 +264,7 @@ class Pack:
         lens = [ref[LENGTH_AT] for ref in self.refs]
         n = self.length
         input_ids = np.empty(n, dtype=np.int64)
-        write_rows([self], n, 0, input_ids)  # one full row: no padding
+        write_rows([self], n, 0, input_ids, lens, [ref[SOURCE_AT] for ref in self.refs])  # one full row: no padding
         ends = np.cumsum(lens)
         labels = np.empty(n, dtype=np.int64)
         labels[:-1] = input_ids[1:]

@@ -217,37 +217,50 @@ class PackPlacer:
     def _open_best_fit(self, pack: Pack) -> None:
         """A new ``best_fit`` pack: finished at once when full, else opened (the fullest open pack
         is emitted, oldest on ties, when that makes more than ``buffer_size``)."""
-        if pack.length == self.max_seq_len:
+        space = self.max_seq_len - pack.length
+        if not space:
             self.ready.append(pack)
             return
-        bisect.insort(self.free, free_key(self.max_seq_len - pack.length, self._open_pack(pack)))
-        if len(self.open) > self.buffer_size:
-            self.ready.append(self.open.pop(self.free.pop(0) & _NUMBER_MASK))
+        number = self.next_number  # _open_pack and free_key inlined: this runs for every new pack
+        self.next_number = number + 1
+        open_packs = self.open
+        open_packs[number] = pack
+        bisect.insort(self.free, (space << _NUMBER_BITS) | number)
+        if len(open_packs) > self.buffer_size:
+            self.ready.append(open_packs.pop(self.free.pop(0) & _NUMBER_MASK))
 
     # -- a queue of documents ---------------------------------------------------------------
     def place_from(self, queue: DocumentQueue) -> int:
         """Place queued documents until a pack is finished (or the queue is empty); returns how many."""
-        start = queue.at
+        return self.placement_for(queue)(queue)
+
+    def placement_for(self, queue: DocumentQueue) -> Callable[[DocumentQueue], int]:
+        """What :meth:`place_from` runs for ``queue``: the strategy's loop over plain documents
+        (no extras) for ``concat`` and ``best_fit``, else one :meth:`place` per document. A
+        reader that places the same queue many times looks it up once."""
         if queue.extras is None and self.strategy == "concat":
-            self._concat_from(queue)
-        elif queue.extras is None and self.strategy == "best_fit":
-            self._best_fit_from(queue)
-        else:
-            refs, tokens, extras, ready, place = queue.refs, queue.tokens, queue.extras, self.ready, self.place
-            while queue.at < len(refs) and not ready:
-                at = queue.at
-                queue.at += 1
-                place(refs[at], tokens[at], None if extras is None else extras[at])
+            return self._concat_from
+        if queue.extras is None and self.strategy == "best_fit":
+            return self._best_fit_from
+        return self._place_each_from
+
+    def _place_each_from(self, queue: DocumentQueue) -> int:
+        start, refs, tokens, extras, ready, place = queue.at, queue.refs, queue.tokens, queue.extras, self.ready, self.place
+        while queue.at < len(refs) and not ready:
+            at = queue.at
+            queue.at += 1
+            place(refs[at], tokens[at], None if extras is None else extras[at])
         return queue.at - start
 
-    def _best_fit_from(self, queue: DocumentQueue) -> None:
+    def _best_fit_from(self, queue: DocumentQueue) -> int:
         """:meth:`_add_best_fit` over a plain queue until a pack is finished, with the common cases inlined."""
         refs, tokens = queue.refs, queue.tokens
         count, ready, length_at = len(refs), self.ready, LENGTH_AT
         cap, free, open_packs, stores = self.max_seq_len, self.free, self.open, self.stores
         bisect_left, insort, shift, mask = bisect.bisect_left, bisect.insort, _NUMBER_BITS, _NUMBER_MASK
+        start = queue.at
         placed = count
-        for at in range(queue.at, count):
+        for at in range(start, count):
             ref = refs[at]
             n = ref[length_at]
             need = n << shift
@@ -257,8 +270,6 @@ class PackPlacer:
                 pack = open_packs[key & mask]
                 pack.refs.append(ref)
                 pack.tokens.append(tokens[at])
-                if pack.extras is not None:
-                    pack.extras.append(None)
                 pack.length += n
                 rest = key - need  # the pack's key after the document
                 if rest > mask:  # space left
@@ -273,13 +284,14 @@ class PackPlacer:
                 placed = at + 1
                 break
         queue.at = placed
+        return placed - start
 
-    def _concat_from(self, queue: DocumentQueue) -> None:
+    def _concat_from(self, queue: DocumentQueue) -> int:
         """:meth:`_add_concat` over a plain queue: the run of whole documents that fit in the open
         pack is appended in one step, then the document that fills it is split."""
         refs, tokens, at, count = queue.refs, queue.tokens, queue.at, len(queue.refs)
         if at >= count:
-            return
+            return 0
         ends = queue.ends()
         if self.open:
             pack = next(iter(self.open.values()))
@@ -292,11 +304,10 @@ class PackPlacer:
         if whole > at:
             pack.refs.extend(refs[at:whole])
             pack.tokens.extend(tokens[at:whole])
-            if pack.extras is not None:
-                pack.extras.extend([None] * (whole - at))
             pack.length += ends[whole - 1] - before
         if whole == count:
             queue.at = count
-            return
+            return count - at
         self._add_concat(refs[last], tokens[last], None)
         queue.at = last + 1
+        return last + 1 - at

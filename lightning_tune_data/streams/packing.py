@@ -35,7 +35,7 @@ truncated to ``max_seq_len`` (``overlong="truncate"``) or dropped (``"drop"``), 
 Empty documents are dropped and counted.
 
 Hot path: from a plain ``ArrowSource`` (no transforms, filter or loss mask), or a mixture of
-them, the packer reads blocks of 512 documents as row references and positions in the source's
+them, the packer reads blocks of 2,048 documents as row references and positions in the source's
 flat token array (no object per document), places them by length alone
 (``pack_placement.py``: a run of whole documents at once for ``concat``), and
 ``PackedCollator`` builds each batch from the packs' pieces in bulk (one join of the tokens' byte
@@ -108,7 +108,7 @@ _END = object()
 #: instead of reading an infinite stream forever.
 _MAX_UNUSABLE_IN_A_ROW = 100_000
 #: Documents read from the source at a time when it hands out blocks (held by reference until packed).
-_BLOCK_DOCUMENTS = 512
+_BLOCK_DOCUMENTS = 2048
 
 Piece = tuple[Reference, np.ndarray, "PieceExtra | None"]
 
@@ -271,6 +271,7 @@ class IterablePackedDataset(TuneIterableDataset):
         blocks = self._reads_blocks()
         child_it = None if self._child_exhausted or blocks else iter(self._child)
         placer, counters = self._placer, self._counters
+        queue, place = None, placer.place_from
         unusable = 0
         while True:
             if placer.ready:
@@ -283,9 +284,11 @@ class IterablePackedDataset(TuneIterableDataset):
                 self._finished = True
                 return
             if blocks:
-                queue = self._queue
+                if queue is not self._queue:  # a new block (or documents restored from a state)
+                    queue = self._queue
+                    place = placer.placement_for(queue)
                 if queue.at < len(queue.refs):  # place queued documents until a pack is ready; the state holds the rest
-                    counters["documents"] += placer.place_from(queue)
+                    counters["documents"] += place(queue)
                     continue
                 if self._read_block():
                     continue

@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import collections
 import itertools
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -75,7 +76,7 @@ class DocumentQueue:
     def ends(self) -> list[int]:
         """Cumulative token counts of the queued documents (computed once per queue)."""
         if self._ends is None:
-            self._ends = list(itertools.accumulate(ref[LENGTH_AT] for ref in self.refs))
+            self._ends = list(itertools.accumulate(map(operator.itemgetter(LENGTH_AT), self.refs)))
         return self._ends
 
 

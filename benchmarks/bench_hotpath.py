@@ -61,6 +61,17 @@ WORKER_PATHS = (None, "concat", "best_fit")  # None: unpacked
 
 
 # ----------------------------------------------------------------------------- blocks baseline
+def int64_block(shape: tuple[int, ...]) -> tuple[np.ndarray, torch.Tensor]:
+    """An uninitialised int64 array of ``shape`` and the tensor sharing its memory.
+
+    Every reader here allocates its batch this way, as our collators do in-process: ``torch.empty``
+    for the same block measured 9 µs slower per ``[8, 2049]`` block and ~35 µs slower per
+    ``[5, 8, 2048]`` block in the loops below (its dispatch runs cold between batches).
+    """
+    array = np.empty(shape, dtype=np.int64)
+    return array, torch.from_numpy(array)
+
+
 def flat_tokens(dataset, path: Path) -> np.ndarray:
     """The cached ``input_ids`` column's tokens, back to back, as a memory-mapped int32 array."""
     if not path.exists():
@@ -85,8 +96,7 @@ class BlocksReader:
 
     def __next__(self) -> dict[str, torch.Tensor]:
         starts = self.rng.integers(0, len(self.flat) - SEQ - 1, size=self.batch_size)
-        windows = torch.empty((self.batch_size, SEQ + 1), dtype=torch.int64)
-        rows = windows.numpy()
+        rows, windows = int64_block((self.batch_size, SEQ + 1))
         for row, start in enumerate(starts.tolist()):  # one copy per window: faster than a fancy index
             rows[row] = self.flat[start : start + SEQ + 1]
         return {"input_ids": windows[:, :-1], "labels": windows[:, 1:], "num_tokens": self.batch_size * SEQ}
@@ -139,8 +149,8 @@ class DocumentFloor:
         docs, lengths, ends = docs[:count], lengths[:count].copy(), ends[:count]
         lengths[-1] -= int(ends[-1]) - need
         out_starts = np.cumsum(lengths) - lengths
-        block = torch.empty((5, self.batch_size, SEQ), dtype=torch.int64)
-        tokens, labels, positions, documents, mask = block.numpy().reshape(5, -1)
+        planes, block = int64_block((5, self.batch_size, SEQ))
+        tokens, labels, positions, documents, mask = planes.reshape(5, -1)
         tokens[:] = join_ranges(self.flat, self.starts[docs].tolist(), lengths.tolist())
         labels[:-1] = tokens[1:]
         labels[out_starts + lengths - 1] = -100
@@ -247,8 +257,7 @@ class BestFitFloor:
         segment_lens_array = np.array(segment_lens, dtype=np.int64)
         segment_ends = segment_lens_array.cumsum()
         segment_starts = segment_ends - segment_lens_array
-        block = torch.empty((5, self.batch_size, SEQ), dtype=torch.int64)
-        planes = block.numpy()
+        planes, block = int64_block((5, self.batch_size, SEQ))
         tokens, labels, positions, document_ids, attention = planes.reshape(5, -1)
         tokens[:] = join_ranges(self.flat, sources, segment_lens)
         labels[:-1] = tokens[1:]
@@ -305,8 +314,8 @@ def padded_batch(lengths: np.ndarray, tokens: np.ndarray, pad_id: int, columns: 
     is ``arange(>= L)``): ``input_ids`` (``pad_id`` on padding), ``labels`` (shifted, ``-100`` at each
     document's end and on padding), ``attention_mask`` and ``position_ids``, and ``num_tokens``."""
     width = int(lengths.max())
-    block = torch.empty((4, len(lengths), width), dtype=torch.int64)
-    input_ids, labels, attention_mask, position_ids = block.numpy()
+    planes, block = int64_block((4, len(lengths), width))
+    input_ids, labels, attention_mask, position_ids = planes
     real = columns[None, :width] < lengths[:, None]
     np.copyto(attention_mask, real)
     np.multiply(columns[None, :width], attention_mask, out=position_ids)

@@ -32,7 +32,7 @@ from lightning_tune_data.collate_base import (
     _padded_length,
     _required,
 )
-from lightning_tune_data.worker_memory import batch_tensor
+from lightning_tune_data.worker_memory import batch_planes
 
 #: The fields every document sample has, the optional ones the padded collator reads, a dtype getter.
 _DOCUMENT_FIELDS = operator.itemgetter(INPUT_IDS, SOURCE, EPOCH)
@@ -105,9 +105,8 @@ class PaddedCollator:
         if documents is None:
             documents = self._checked_documents(samples)
         lengths, tokens, masks, sources, epochs, truncated, dropped = documents
-        block = self._block(lengths, tokens, masks)
+        input_ids, labels, attention_mask, position_ids = self._block(lengths, tokens, masks)
         batch_size = len(lengths)
-        input_ids, labels, attention_mask, position_ids = block.unbind(0)
         return {
             INPUT_IDS: input_ids,
             LABELS: labels,
@@ -144,8 +143,11 @@ class PaddedCollator:
                 ids_list = [ids[:cap] for ids in ids_list]
                 lengths = [min(n, cap) for n in lengths]
             dtypes = set(map(_DTYPE, ids_list))
-            tokens = np.concatenate(ids_list)
-        except (AttributeError, KeyError, TypeError, ValueError):
+            if len(dtypes) == 1:  # one join of the documents' bytes: a fraction of a concatenate of views
+                tokens = np.frombuffer(b"".join(ids_list), dtype=dtypes.pop())
+            else:
+                tokens = np.concatenate(ids_list)
+        except (AttributeError, BufferError, KeyError, TypeError, ValueError):
             return None
         if tokens.dtype.kind not in "iu" or any(dtype.kind not in "iu" for dtype in dtypes) or tokens.ndim != 1 \
                 or tokens.shape[0] != sum(lengths):
@@ -208,8 +210,8 @@ class PaddedCollator:
 
     def _block(
         self, lengths: list[int], tokens: np.ndarray, masks: Sequence[np.ndarray | None] | None
-    ) -> torch.Tensor:
-        """The ``[4, B, L]`` block: input_ids, labels, attention_mask and position_ids.
+    ) -> tuple[torch.Tensor, ...]:
+        """The ``[4, B, L]`` block's planes: input_ids, labels, attention_mask and position_ids.
 
         ``tokens`` are the documents' ids concatenated; the row-major "real token" mask scatters
         them into their rows in one pass. Labels are the padded ids shifted by one, copied only
@@ -218,10 +220,9 @@ class PaddedCollator:
         """
         batch_size = len(lengths)
         width = _padded_length(max(lengths), self.pad_to_multiple_of)
-        # One tensor holds all four outputs: a batch then crosses from a dataloader worker in one
+        # One block holds all four outputs: a batch then crosses from a dataloader worker in one
         # shared-memory segment instead of four, built there directly (see worker_memory).
-        tensor = batch_tensor((4, batch_size, width), torch.int64)
-        block = tensor.numpy()
+        block, planes = batch_planes((4, batch_size, width))
         input_ids, labels, attention_mask, position_ids = block
         real = self._real_tokens(lengths, width)  # [B, L]: True on real tokens
         np.copyto(attention_mask, real)
@@ -236,7 +237,7 @@ class PaddedCollator:
             )
         labels.fill(IGNORE_INDEX)
         np.copyto(labels[:, :-1], input_ids[:, 1:], where=targets[:, 1:])
-        return tensor
+        return planes
 
     def _real_tokens(self, lengths: list[int], width: int) -> np.ndarray:
         """``[B, width]`` bool: ``True`` at the columns below each row's length.

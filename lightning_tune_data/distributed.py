@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -43,5 +44,11 @@ def current_shard(rank: int, world_size: int) -> ShardInfo:
     """
     info = get_worker_info()
     if info is None:
-        return ShardInfo(rank=rank, world_size=world_size)
-    return ShardInfo(rank=rank, world_size=world_size, worker_id=info.id, num_workers=info.num_workers)
+        return _shard_info(rank, world_size, 0, 1)
+    return _shard_info(rank, world_size, info.id, info.num_workers)
+
+
+@functools.lru_cache(maxsize=64)
+def _shard_info(rank: int, world_size: int, worker_id: int, num_workers: int) -> ShardInfo:
+    """One (frozen, shared) ShardInfo per coordinates: streams ask for theirs on every batch."""
+    return ShardInfo(rank=rank, world_size=world_size, worker_id=worker_id, num_workers=num_workers)

@@ -11,7 +11,8 @@ anonymous memory grows by 100-250 MB in the first part of a run before it levels
 :func:`batch_tensor` allocates the buffer in shared memory from the start when it runs in a
 dataloader worker, as ``torch.utils.data.default_collate`` does: no heap block, no copy on the
 way out. In the main process (``num_workers=0``) it is NumPy memory wrapped once (torch's own
-allocation costs more inside the dataloader's per-batch profiling scope).
+allocation costs more inside the dataloader's per-batch profiling scope). :func:`batch_planes`
+hands out such a block's planes as separate tensors.
 """
 
 from __future__ import annotations
@@ -26,13 +27,33 @@ from torch.utils.data import get_worker_info
 _NUMPY_DTYPES: dict[torch.dtype, np.dtype] = {}
 
 
+def batch_planes(shape: tuple[int, ...], dtype: torch.dtype = torch.int64) -> tuple[np.ndarray, tuple[torch.Tensor, ...]]:
+    """An uninitialised block of ``shape`` as a NumPy array, and its planes (``block[i]``) as tensors
+    sharing its memory.
+
+    In a dataloader worker the planes are views of one shared-memory tensor (:func:`batch_tensor`),
+    so the batch leaves the worker as one segment. In the main process each plane wraps the array's
+    plane: one ``torch.from_numpy`` per plane cost ~15 µs less per batch than ``unbind`` of one
+    tensor, measured in the in-process train loop (torch's dispatch runs cold between batches).
+    """
+    if get_worker_info() is None:
+        block = np.empty(shape, dtype=_numpy_dtype(dtype))
+        return block, tuple(map(torch.from_numpy, block))
+    tensor = batch_tensor(shape, dtype)
+    return tensor.numpy(), tensor.unbind(0)
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    numpy_dtype = _NUMPY_DTYPES.get(dtype)
+    if numpy_dtype is None:
+        numpy_dtype = _NUMPY_DTYPES[dtype] = torch.empty(0, dtype=dtype).numpy().dtype
+    return numpy_dtype
+
+
 def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised tensor of ``shape`` and ``dtype``; in shared memory inside a dataloader worker."""
     if get_worker_info() is None:
-        numpy_dtype = _NUMPY_DTYPES.get(dtype)
-        if numpy_dtype is None:
-            numpy_dtype = _NUMPY_DTYPES[dtype] = torch.empty(0, dtype=dtype).numpy().dtype
-        return torch.from_numpy(np.empty(shape, dtype=numpy_dtype))
+        return torch.from_numpy(np.empty(shape, dtype=_numpy_dtype(dtype)))
     empty = torch.empty(0, dtype=dtype)
     storage = empty._typed_storage()._new_shared(math.prod(shape))  # the sharing strategy's own allocator
     return empty.new(storage).view(shape)

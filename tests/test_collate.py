@@ -343,9 +343,10 @@ def test_padded_collator_matches_a_row_by_row_reference_bit_for_bit(
             assert batch[key].dtype == torch.int64
             assert rows(batch[key]) == expected[key], key
         assert batch[PROVENANCE] == expected[PROVENANCE]
-        # one storage for the four [B, L] outputs (one shared-memory segment from a worker)
+        # the four [B, L] outputs are consecutive planes of one block (a worker sends it as one segment)
         keys = (INPUT_IDS, LABELS, ATTENTION_MASK, POSITION_IDS)
-        assert len({batch[key].untyped_storage().data_ptr() for key in keys}) == 1
+        plane = batch[INPUT_IDS].numel() * 8
+        assert [batch[key].data_ptr() - batch[INPUT_IDS].data_ptr() for key in keys] == [0, plane, 2 * plane, 3 * plane]
 
 
 def test_padded_collator_writes_every_batch_of_only_empty_or_one_token_documents() -> None:
@@ -401,6 +402,16 @@ def test_padded_collator_rejects_a_batch_of_only_2d_token_arrays() -> None:
     samples = [{**doc([]), "input_ids": np.ones((1, 3), dtype=np.int32)} for _ in range(3)]
     with pytest.raises(ValueError, match="sample 0 field 'input_ids' must be a 1-D array"):
         PaddedCollator(pad_id=PAD)(samples)
+
+
+def test_padded_collator_reads_strided_and_mixed_dtype_token_arrays_like_plain_ones() -> None:
+    tokens = np.arange(20, dtype=np.int32)
+    strided = [{**doc([]), "input_ids": tokens[::3]}, doc([5, 6])]
+    mixed = [{**doc([]), "input_ids": np.array([7, 8, 9], dtype=np.uint16)}, {**doc([]), "input_ids": np.array([1], dtype=np.int64)}]
+    collator = PaddedCollator(pad_id=PAD)
+    assert rows(collator(strided)[INPUT_IDS]) == [[0, 3, 6, 9, 12, 15, 18], [5, 6, PAD, PAD, PAD, PAD, PAD]]
+    assert rows(collator(mixed)[INPUT_IDS]) == [[7, 8, 9], [1, PAD, PAD]]
+    assert rows(collator(mixed)[LABELS]) == [[8, 9, X], [X, X, X]]
 
 
 def test_padded_collator_pickles_small_after_wide_batches() -> None:

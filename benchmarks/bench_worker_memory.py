@@ -6,7 +6,7 @@ run and two controls, each with the same number of batches, so that a growth can
 
 * ``ours``: ``TextDataModule.train_dataloader()`` (``StatefulDataLoader``, a state snapshot of
   every worker after every batch, ``ResumableLoader``); the collator builds each batch's
-  ``[4, 64, W]`` block directly in shared memory inside a worker (``worker_memory.batch_tensor``);
+  ``[4, 64, W]`` block directly in shared memory inside a worker (``worker_memory.batch_planes``);
 * ``ours, batch block in ordinary memory (before)``: the same loader with the block allocated by
   ``torch.empty`` as before (torch then copies it into shared memory on the way out and frees
   it: a heap block of a different size every batch, which fragments glibc's heap);
@@ -50,12 +50,16 @@ def heap_batch_blocks():
     """While active, the collator allocates its batch block with ``torch.empty`` (the earlier behaviour)."""
     import lightning_tune_data.collate_padded as collate
 
-    shared = collate.batch_tensor
-    collate.batch_tensor = lambda shape, dtype: torch.empty(shape, dtype=dtype)
+    def heap_planes(shape: tuple[int, ...], dtype: torch.dtype = torch.int64) -> tuple:
+        block = torch.empty(shape, dtype=dtype)
+        return block.numpy(), block.unbind(0)
+
+    shared = collate.batch_planes
+    collate.batch_planes = heap_planes
     try:
         yield
     finally:
-        collate.batch_tensor = shared
+        collate.batch_planes = shared
 
 
 def _growth(loader, batches: int) -> tuple[float, float, float, str]:

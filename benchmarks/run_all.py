@@ -4,7 +4,7 @@ Needs the ``[dev]`` extra (``psutil`` measures memory): ``pip install -e ".[dev]
 
 Usage (from the repository root)::
 
-    python benchmarks/run_all.py            # full suite (~11 min on 2 CPU cores)
+    python benchmarks/run_all.py            # full suite (~10 min on 2 CPU cores)
     python benchmarks/run_all.py --quick    # smoke run with small sizes (~1-2 min)
     python benchmarks/run_all.py --only throughput,resume
     python benchmarks/run_all.py --update-results   # write the tracked benchmarks/results/ instead

@@ -48,8 +48,8 @@ def test_both_readmes_give_the_same_suite_duration() -> None:
     bench_readme = (REPO / "benchmarks" / "README.md").read_text()
     script = (REPO / "benchmarks" / "run_all.py").read_text()
     for text in (readme, bench_readme, script):
-        assert "~11 min" in text  # the full suite, measured at 658-668 s
-        assert "~3-5 min" not in text
+        assert "~10 min" in text  # the full suite, measured at 561-573 s
+        assert "~11 min" not in text and "~3-5 min" not in text
 
 
 def test_token_counts_read_from_each_batch_equal_its_attention_mask_sum(tmp_path: Path) -> None:

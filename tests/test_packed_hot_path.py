@@ -18,7 +18,7 @@ from lightning_tune_data.collate import PackedCollator
 from lightning_tune_data.streams.arrow_source import ArrowSource, _ListColumn
 from lightning_tune_data.streams.interleave import InterleavedDataset
 from lightning_tune_data.streams.memory import InMemoryStream
-from lightning_tune_data.streams import pack_pieces
+from lightning_tune_data.streams import pack_pieces, packing
 from lightning_tune_data.streams.pack_pieces import Pack, write_rows
 from lightning_tune_data.streams.packing import IterablePackedDataset
 
@@ -210,8 +210,10 @@ def _mixed_child(overlong: str) -> InterleavedDataset:
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("overlong", ["truncate", "drop"])
 @pytest.mark.parametrize("child", ["source", "mixture"])
-def test_snapshot_replayed_from_the_block_start_equals_the_held_packs_of_its_moment(strategy, overlong, child) -> None:
-    # Several blocks of 512 documents and pass boundaries; documents up to 120 tokens against packs of 64.
+def test_snapshot_replayed_from_the_block_start_equals_the_held_packs_of_its_moment(strategy, overlong, child,
+                                                                                   monkeypatch) -> None:
+    # Several blocks per pass and pass boundaries; documents up to 120 tokens against packs of 64.
+    monkeypatch.setattr(packing, "_BLOCK_DOCUMENTS", 256)
     source = (ArrowSource(_table(1100, seed=20, max_len=120, empty_every=11), "s", seed=6, max_seq_len=None)
               if child == "source" else _mixed_child(overlong))
     packer = IterablePackedDataset(source, 64, strategy=strategy, buffer_size=5, overlong=overlong)

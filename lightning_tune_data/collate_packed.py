@@ -46,7 +46,7 @@ from lightning_tune_data.streams.pack_pieces import (
     PackedSample,
     write_rows,
 )
-from lightning_tune_data.worker_memory import batch_tensor
+from lightning_tune_data.worker_memory import batch_planes, batch_tensor
 
 
 _PACK, _REFS, _LENGTH = operator.attrgetter("pack"), operator.attrgetter("refs"), operator.attrgetter("length")
@@ -63,9 +63,9 @@ def _outputs(planes: int, batch_size: int, width: int, max_documents: int,
     tensor operations).
     """
     if get_worker_info() is None:
-        block = np.empty((planes, batch_size, width), dtype=np.int64)
+        block, tensors = batch_planes((planes, batch_size, width))
         seq_lens = np.zeros((batch_size, max_documents), dtype=np.int64)
-        return block, tuple(map(torch.from_numpy, block)), seq_lens, torch.from_numpy(seq_lens)
+        return block, tensors, seq_lens, torch.from_numpy(seq_lens)
     size = planes * batch_size * width
     storage = batch_tensor((size + batch_size * max_documents,), torch.int64)
     values = storage.numpy()

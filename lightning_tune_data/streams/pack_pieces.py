@@ -44,7 +44,7 @@ NOT_REREADABLE = -1
 #: Positions of the fields in a piece reference.
 SOURCE_AT, ROW_AT, EPOCH_AT, START_AT, LENGTH_AT, NEW_DOCUMENT_AT, TRUNCATED_AT, DROPPED_AT = range(8)
 
-_STORES, _REFS, _TOKENS = operator.attrgetter("stores"), operator.attrgetter("refs"), operator.attrgetter("tokens")
+_REFS, _TOKENS = operator.attrgetter("refs"), operator.attrgetter("tokens")
 
 Reference = tuple  # (source, row, epoch, start, length, new_document, truncated_tokens, dropped_before)
 #: A piece's tokens: a position in its source's flat token array, or a view.
@@ -113,14 +113,13 @@ def _flat_views(packs: Sequence[Pack]) -> tuple[dict[str, memoryview], np.dtype]
     dtype; ``None`` when there are none or their dtypes differ."""
     first = packs[0].stores
     if all(pack.stores is first for pack in packs):  # the packs of one packer share its stores
-        all_stores = [first]
+        all_stores = [first] if first else []
     else:
-        all_stores = list(map(_STORES, packs))
-        all_stores = list(dict(zip(map(id, all_stores), all_stores)).values())
+        all_stores = {id(pack.stores): pack.stores for pack in packs if pack.stores}.values()
     views: dict[str, memoryview] = {}
     dtype = None
     for stores in all_stores:
-        for name, store in (stores or {}).items():
+        for name, store in stores.items():
             flat = store.flat_tokens()
             if dtype is not None and flat.dtype != dtype:
                 return None

@@ -21,6 +21,11 @@ trivial items, no collation), the keyed
 permutation that replaces a stored shuffle order (mapping one batch's worth of positions to
 rows), and the state recorded after every batch.
 
+A fourth table times the parts of ours and of the floors inside the real loop, where every batch
+reads fresh documents and runs with the caches the rest of the loop leaves: each part's method is
+wrapped with a wall-clock timer (~0.1 µs per call) for a run of batches, and the whole batch is
+timed around them; "the rest" is the whole minus the parts.
+
 A third table does the same for an unpacked batch of 16 documents: the padded floor (the same
 documents, whole-batch NumPy padding of the four outputs, nothing else) plus the
 train loader alone (16 trivial items), the stream handing out the batch's 16 documents one
@@ -95,6 +100,40 @@ def permutation_us_per_document(num_rows: int, calls: int) -> float:
             positions[:] -= positions[0]
 
     return cpu_us(call, max(calls // 10, 10)) / 4096
+
+
+def parts_in_loop_us(make_batches, parts: dict[str, tuple[object, str]], calls: int) -> dict[str, float]:
+    """Wall µs per batch of each part (``name: (owner, method name)``) inside ``calls`` batches of
+    the iterator ``make_batches()`` returns (made after the methods are wrapped, so every lookup
+    finds the wrappers), and the whole batch (``"whole"``); the methods are restored after."""
+    spent = dict.fromkeys(parts, 0)
+    originals = {name: (owner, attribute, getattr(owner, attribute)) for name, (owner, attribute) in parts.items()}
+
+    def timed(name: str, method):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter_ns()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter_ns() - start
+        return wrapper
+
+    for name, (owner, attribute, method) in originals.items():
+        setattr(owner, attribute, timed(name, method))
+    try:
+        batches = make_batches()
+        for _ in range(20):
+            next(batches)
+        for name in spent:
+            spent[name] = 0
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            next(batches)
+        whole = time.perf_counter_ns() - start
+    finally:
+        for owner, attribute, method in originals.values():
+            setattr(owner, attribute, method)
+    return {**{name: value / calls / 1e3 for name, value in spent.items()}, "whole": whole / calls / 1e3}
 
 
 def main() -> int:
@@ -186,6 +225,41 @@ def main() -> int:
              f"{datasets_us / unpacked_bound:.1f}x |",
              f"| ours, whole batch via train_dataloader() | {middle['ours unpacked']:.0f} | "
              f"{datasets_us / middle['ours unpacked']:.1f}x |"]
+    from lightning_tune_data.collate_packed import PackedCollator
+    from lightning_tune_data.collate_padded import PaddedCollator
+    from lightning_tune_data.loaders import ResumableLoader
+    from lightning_tune_data.streams.pack_placement import PackPlacer
+    from lightning_tune_data.streams.packing import IterablePackedDataset
+
+    loop_calls = max(args.calls, 200)
+    in_loop: dict[str, dict[str, float]] = {}
+    for strategy, placement in (("concat", "_concat_from"), ("best_fit", "_best_fit_from")):
+        packed_dm = common.make_datamodule(parquet, cache, False, strategy, 0, PACKED_BATCH)
+        in_loop[f"ours, {strategy}"] = parts_in_loop_us(
+            lambda: iter(packed_dm.train_dataloader()),
+            {"collation": (PackedCollator, "__call__"), "placement": (PackPlacer, placement),
+             "block reading": (IterablePackedDataset, "_read_block"), "state record": (ResumableLoader, "_remember")},
+            loop_calls)
+    in_loop["best-fit floor"] = parts_in_loop_us(lambda: BestFitFloor(flat, offsets, PACKED_BATCH, 1),
+                                                 {"placement": (BestFitFloor, "_place")}, loop_calls)
+    in_loop["shuffled-document floor"] = parts_in_loop_us(lambda: DocumentFloor(flat, offsets, PACKED_BATCH, 1), {},
+                                                          loop_calls)
+    in_loop["ours, unpacked (16 documents)"] = parts_in_loop_us(
+        lambda: iter(unpacked_dm.train_dataloader()),
+        {"collation": (PaddedCollator, "__call__"), "state record": (ResumableLoader, "_remember")}, loop_calls)
+    in_loop["padded floor (16 documents)"] = parts_in_loop_us(lambda: PaddedFloor(flat, offsets, 16, 1), {}, loop_calls)
+    columns = ("collation", "placement", "block reading", "state record")
+    rows += ["", f"Inside the real loop ({loop_calls} batches each, wall µs per batch; a floor's \"collation\" is "
+             "everything but its placement, ours includes the provenance and per-piece bookkeeping; \"the rest\" is "
+             "the train loader, handing out the stream's samples, and for ours the timers):", "",
+             "| reader | whole batch | collation | placement | block reading | state record | the rest |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, parts in in_loop.items():
+        if "floor" in name:
+            parts = {"collation": parts["whole"] - parts.get("placement", 0.0), **parts}
+        cells = [f"{parts[column]:.0f}" if column in parts else "" for column in columns]
+        rest = parts["whole"] - sum(parts.get(column, 0.0) for column in columns)
+        rows.append(f"| {name} | {parts['whole']:.0f} | " + " | ".join(cells) + f" | {rest:.0f} |")
     info = common.machine_info()
     text = "\n".join([
         "# Hot path: CPU microseconds per batch, by component", "",

@@ -255,6 +255,19 @@ def test_snapshots_fall_back_to_the_held_packs_after_a_restore_and_at_the_end_of
     assert resumed.state_dict()["packed_s"]["finished"]
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("count", [1, 4, 9])
+def test_taking_packs_from_blocks_in_batches_hands_out_the_packs_and_state_of_one_at_a_time(strategy, count) -> None:
+    from test_packing import assert_taking_packs_equals_one_at_a_time
+
+    def make() -> IterablePackedDataset:
+        source = ArrowSource(_table(700, seed=29, empty_every=13), "s", seed=3, max_seq_len=64, num_passes=1)
+        return IterablePackedDataset(source, 64, strategy=strategy, buffer_size=4)
+
+    assert make()._reads_blocks()
+    assert_taking_packs_equals_one_at_a_time(make, count)
+
+
 def test_train_loader_takes_snapshots_in_process_and_builds_the_state_only_when_asked() -> None:
     from lightning_tune_data.loaders import LoaderOptions, build_train_loader
 

@@ -350,6 +350,48 @@ def test_loading_a_state_with_other_packing_settings_is_a_clear_error():
         IterablePackedDataset(_make_finite(), 48, strategy="concat").load_state_dict(state)
 
 
+def assert_taking_packs_equals_one_at_a_time(make, count: int) -> None:
+    """``take(count)`` hands out the packs, counters and state of ``count`` calls of ``next``, through
+    the end of a finite child, and a new ``iter()`` starts the same new round."""
+    one, many = make(), make()
+    for round_number in range(2):  # a finite child's round, then the next one (which may be empty)
+        singles, batches = iter(one), iter(many)
+        takes = 0
+        while True:
+            got = batches.take(count)
+            want = list(itertools.islice(singles, count))
+            _assert_same_packs([dict(pack) for pack in got], [dict(pack) for pack in want])
+            assert many.state_dict() == one.state_dict() and many.counters == one.counters
+            if snapshot := getattr(many, "snapshot", None):
+                assert snapshot()() == one.state_dict()
+            takes += 1
+            if len(got) < count:
+                break
+        assert takes > 3 or round_number
+        assert batches.take(count) == [] and next(singles, None) is None
+        assert many.state_dict() == one.state_dict()
+        assert next(iter(many.state_dict().values()))["finished"]  # the round is over: iter() starts a new one
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("count", [1, 3, 8])
+@pytest.mark.parametrize("source", ["interleaved", "finite"])
+def test_taking_packs_in_batches_hands_out_the_packs_and_state_of_one_at_a_time(strategy, count, source):
+    def make() -> IterablePackedDataset:
+        child = _make_interleaved() if source == "interleaved" else _make_finite()
+        return IterablePackedDataset(child, 48, strategy=strategy, buffer_size=8)
+
+    if source == "interleaved":  # an endless child: compare a stretch of it
+        one, many = make(), make()
+        singles, batches = iter(one), iter(many)
+        for _ in range(12):
+            _assert_same_packs([dict(p) for p in batches.take(count)],
+                               [dict(p) for p in itertools.islice(singles, count)])
+            assert many.state_dict() == one.state_dict()
+        return
+    assert_taking_packs_equals_one_at_a_time(make, count)
+
+
 def test_a_finished_packer_starts_a_new_round_when_iterated_again():
     packer = IterablePackedDataset(_make_finite(), 48, strategy="best_fit")
     first = list(packer)

@@ -408,6 +408,7 @@ class ArrowSource(TuneIterableDataset):
         self._permutations: dict[int, KeyedPermutation] = {}
         self._rows_ahead: tuple[PassPlan, int, np.ndarray] | None = None  # (plan, its taken count, rows)
         self._cursor: list[Any] | None = None  # [plan, documents of its block read, of them applied to the plan]
+        self._flat_view: tuple[memoryview, np.dtype] | None = None
 
     # -- contract -------------------------------------------------------------------------
     @property
@@ -434,6 +435,7 @@ class ArrowSource(TuneIterableDataset):
         state["_input_ids"] = state["_loss_mask"] = None
         state["_permutations"] = {}
         state["_rows_ahead"] = None
+        state["_flat_view"] = None
         return state
 
     def _shard_walk(self) -> ShardPasses:
@@ -705,6 +707,14 @@ class ArrowSource(TuneIterableDataset):
         if flat is None:
             raise TypeError(f"Source '{self._name}': the '{INPUT_IDS}' values are not null-free integers.")
         return flat.values
+
+    def flat_view(self) -> tuple[memoryview, np.dtype]:
+        """:meth:`flat_tokens` as a memoryview, and its dtype (made once per process: the packed
+        collator joins every batch's rows from it)."""
+        if self._flat_view is None:
+            flat = self.flat_tokens()
+            self._flat_view = (memoryview(flat), flat.dtype)
+        return self._flat_view
 
     def state_after_block(self, block: DocumentBlock, documents: int) -> dict[str, Any]:
         """This source's state right after the first ``documents`` documents of ``block``.

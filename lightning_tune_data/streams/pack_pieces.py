@@ -120,11 +120,11 @@ def _flat_views(packs: Sequence[Pack]) -> tuple[dict[str, memoryview], np.dtype]
     dtype = None
     for stores in all_stores:
         for name, store in stores.items():
-            flat = store.flat_tokens()
-            if dtype is not None and flat.dtype != dtype:
+            view, flat_dtype = store.flat_view()
+            if dtype is not None and flat_dtype != dtype:
                 return None
-            dtype = flat.dtype
-            views[name] = memoryview(flat)
+            dtype = flat_dtype
+            views[name] = view
     return None if dtype is None else (views, dtype)
 
 
@@ -140,7 +140,7 @@ def _joined_rows(packs: Sequence[Pack], width: int, pad_id: int, lengths: Sequen
     low, high = _integer_bounds(dtype)
     if not low <= pad_id <= high:
         return None
-    positions = list(itertools.chain.from_iterable(map(_TOKENS, packs)))
+    positions = itertools.chain.from_iterable(map(_TOKENS, packs))
     try:  # a piece that holds its own array can't be a slice bound (TypeError), nor its source be a store's (KeyError)
         if len(views) == 1:
             view = next(iter(views.values()))

@@ -3,10 +3,10 @@
 :class:`PackPlacer` owns the packs being filled and the queue of finished ones; the packer feeds
 it pieces (a reference tuple, a token view and an optional extra, see ``pack_pieces.py``) one at
 a time, or a whole :class:`DocumentQueue` of documents read in a block. For a queue it places
-documents only until a pack is finished, so the packer's state after every pack it hands out
-still describes exactly the position after that pack; the common cases (a document that fits in
-an open ``best_fit`` pack, the run of whole documents that fit in the open ``concat`` pack) are
-placed without a method call per document.
+documents only until a given number of packs is finished, so the packer's state after the packs
+it hands out still describes exactly the position after them; the common cases (a document that
+fits in an open ``best_fit`` pack, the run of whole documents that fit in the open ``concat``
+pack) are placed without a method call per document.
 
 Strategies (their full description is in ``packing.py``): ``greedy`` (next-fit), ``best_fit``
 (the open pack with the least free space that holds the document, oldest on ties; at most
@@ -231,11 +231,16 @@ class PackPlacer:
             self.ready.append(open_packs.pop(self.free.pop(0) & _NUMBER_MASK))
 
     # -- a queue of documents ---------------------------------------------------------------
-    def place_from(self, queue: DocumentQueue) -> int:
-        """Place queued documents until a pack is finished (or the queue is empty); returns how many."""
-        return self.placement_for(queue)(queue)
+    def place_from(self, queue: DocumentQueue, ready: int = 1) -> int:
+        """Place queued documents until ``ready`` packs are finished and not handed out (or the
+        queue is empty); returns how many documents were placed.
 
-    def placement_for(self, queue: DocumentQueue) -> Callable[[DocumentQueue], int]:
+        A document finishes at most one ``greedy``/``best_fit`` pack, so those stop right after
+        the document that finished the ``ready``-th pack; a ``concat`` document can fill several.
+        """
+        return self.placement_for(queue)(queue, ready)
+
+    def placement_for(self, queue: DocumentQueue) -> Callable[[DocumentQueue, int], int]:
         """What :meth:`place_from` runs for ``queue``: the strategy's loop over plain documents
         (no extras) for ``concat`` and ``best_fit``, else one :meth:`place` per document. A
         reader that places the same queue many times looks it up once."""
@@ -245,16 +250,16 @@ class PackPlacer:
             return self._best_fit_from
         return self._place_each_from
 
-    def _place_each_from(self, queue: DocumentQueue) -> int:
+    def _place_each_from(self, queue: DocumentQueue, want: int) -> int:
         start, refs, tokens, extras, ready, place = queue.at, queue.refs, queue.tokens, queue.extras, self.ready, self.place
-        while queue.at < len(refs) and not ready:
+        while queue.at < len(refs) and len(ready) < want:
             at = queue.at
             queue.at += 1
             place(refs[at], tokens[at], None if extras is None else extras[at])
         return queue.at - start
 
-    def _best_fit_from(self, queue: DocumentQueue) -> int:
-        """:meth:`_add_best_fit` over a plain queue until a pack is finished, with the common cases inlined."""
+    def _best_fit_from(self, queue: DocumentQueue, want: int) -> int:
+        """:meth:`_add_best_fit` over a plain queue until ``want`` packs are finished, with the common cases inlined."""
         refs, tokens = queue.refs, queue.tokens
         count, ready, length_at = len(refs), self.ready, LENGTH_AT
         cap, free, open_packs, stores = self.max_seq_len, self.free, self.open, self.stores
@@ -281,15 +286,27 @@ class PackPlacer:
                 self.place(ref, tokens[at], None)
             else:  # fits in no open pack: opens one
                 self._open_best_fit(Pack(stores, [ref], [tokens[at]], n))
-            if ready:
+            if len(ready) >= want:
                 placed = at + 1
                 break
         queue.at = placed
         return placed - start
 
-    def _concat_from(self, queue: DocumentQueue) -> int:
-        """:meth:`_add_concat` over a plain queue: the run of whole documents that fit in the open
-        pack is appended in one step, then the document that fills it is split."""
+    def _concat_from(self, queue: DocumentQueue, want: int) -> int:
+        """:meth:`_add_concat` over a plain queue until ``want`` packs are finished: each time, the
+        run of whole documents that fit in the open pack is appended in one step, then the
+        document that fills it is split."""
+        placed = 0
+        ready = self.ready
+        while len(ready) < want:
+            count = self._concat_one(queue)
+            if not count:
+                break
+            placed += count
+        return placed
+
+    def _concat_one(self, queue: DocumentQueue) -> int:
+        """One run of whole documents and the document that fills the open pack (see :meth:`_concat_from`)."""
         refs, tokens, at, count = queue.refs, queue.tokens, queue.at, len(queue.refs)
         if at >= count:
             return 0

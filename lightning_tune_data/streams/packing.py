@@ -40,7 +40,8 @@ flat token array (no object per document), places them by length alone
 (``pack_placement.py``: a run of whole documents at once for ``concat``), and
 ``PackedCollator`` builds each batch from the packs' pieces in bulk (one join of the tokens' byte
 ranges and padding, labels by one shift plus a mask at piece ends, ids by repeat, provenance by
-one transpose of the piece references). The state after every pack records the source's
+one transpose of the piece references). The in-process train loader takes each batch's packs in
+one call (:meth:`PackStream.take`). The state after every pack records the source's
 position right after the last packed document of the block, so documents read ahead and not
 packed yet are read again on resume. Other children are read one document at a time, with the
 same packs as the result. :meth:`IterablePackedDataset.snapshot`
@@ -263,54 +264,40 @@ class IterablePackedDataset(TuneIterableDataset):
         return True
 
     # -- packs out -------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> PackStream:
+        """The packs, one at a time (``next``) or several at once (:meth:`PackStream.take`)."""
+        return PackStream(self)
+
+    def _start_round(self) -> tuple[bool, Iterator[dict[str, Any]] | None]:
+        """Begin iterating: pack a resumed layout's held pieces, start a new round over a finished
+        finite child; returns whether the child is read in blocks, and else its iterator."""
         self._resolve()
         if self._finished:  # new round over a finished finite child
             self._finished = False
             self._child_exhausted = False
         blocks = self._reads_blocks()
-        child_it = None if self._child_exhausted or blocks else iter(self._child)
-        placer, counters = self._placer, self._counters
-        queue, place = None, placer.place_from
-        unusable = 0
-        while True:
-            if placer.ready:
-                pack = placer.ready.popleft()
-                counters["packs"] += 1
-                counters["tokens"] += pack.length
-                yield PackedSample(pack)
-                continue
-            if self._child_exhausted:
-                self._finished = True
-                return
-            if blocks:
-                if queue is not self._queue:  # a new block (or documents restored from a state)
-                    queue = self._queue
-                    place = placer.placement_for(queue)
-                if queue.at < len(queue.refs):  # place queued documents until a pack is ready; the state holds the rest
-                    counters["documents"] += place(queue)
-                    continue
-                if self._read_block():
-                    continue
-                sample = _END
-            else:
-                sample = next(child_it, _END)
-            if sample is _END:
-                self._child_exhausted = True
-                placer.close_all()
-                continue
-            piece = self._prepare(sample)
-            if piece is not None:
-                placer.add(*piece)
-                unusable = 0
-                continue
-            unusable += 1
-            if unusable >= _MAX_UNUSABLE_IN_A_ROW:
-                raise RuntimeError(
-                    f"Packer '{self._dataset_name}': the last {unusable:,} documents of '{self._child.dataset_name}' "
-                    f"were all empty or dropped as longer than max_seq_len={self._max_seq_len} "
-                    f"({self._counters}); nothing can be packed. Check the data and the overlong policy."
-                )
+        return blocks, None if self._child_exhausted or blocks else iter(self._child)
+
+    def _next_document(self, child_it: Iterator[dict[str, Any]] | None, unusable: int) -> int:
+        """Place the child's next document (one read one at a time); returns the count of unusable
+        documents in a row after it."""
+        sample = next(child_it, _END)
+        if sample is _END:
+            self._child_exhausted = True
+            self._placer.close_all()
+            return unusable
+        piece = self._prepare(sample)
+        if piece is not None:
+            self._placer.add(*piece)
+            return 0
+        unusable += 1
+        if unusable >= _MAX_UNUSABLE_IN_A_ROW:
+            raise RuntimeError(
+                f"Packer '{self._dataset_name}': the last {unusable:,} documents of '{self._child.dataset_name}' "
+                f"were all empty or dropped as longer than max_seq_len={self._max_seq_len} "
+                f"({self._counters}); nothing can be packed. Check the data and the overlong policy."
+            )
+        return unusable
 
     # -- state -----------------------------------------------------------------------------
     def _piece_from_reference(self, state: dict[str, Any], index: int) -> Piece:
@@ -441,11 +428,12 @@ class IterablePackedDataset(TuneIterableDataset):
 
     def _replayed_snapshot(self, start: _BlockStart, placed: int) -> Callable[[], dict[str, Any]]:
         """The snapshot after ``placed`` documents of the block read at ``start``."""
-        fixed = self._fixed_state(0)
+        counters, finished = dict(self._counters), self._finished  # all that changes while a block is placed
 
         def build() -> dict[str, Any]:
-            packs, num_open = self._replay(start, placed, fixed["counters"]["packs"] - start.packs_out)
-            state = {**fixed, "num_open": num_open, "packs": _held_state(packs, [len(pack.refs) for pack in packs])}
+            packs, num_open = self._replay(start, placed, counters["packs"] - start.packs_out)
+            fixed = {**self._fixed_state(num_open), "counters": counters, "child_exhausted": False, "finished": finished}
+            state = {**fixed, "packs": _held_state(packs, [len(pack.refs) for pack in packs])}
             state["child"] = self._child.state_after_block(start.queue.block, placed)
             return {self._dataset_name: state}
 
@@ -522,6 +510,86 @@ class IterablePackedDataset(TuneIterableDataset):
     def read_document(self, source: str, row: int, epoch: int) -> dict[str, Any] | None:
         return self._child.read_document(source, row, epoch)
 
+
+class PackStream:
+    """The iterator over a packer's packs: ``next`` hands out one :class:`PackedSample`,
+    :meth:`take` a batch's worth at once.
+
+    Taking ``count`` packs places documents until ``count`` packs are finished and hands them out
+    together: the same packs, in the same order, and the same state after them as ``count``
+    calls of ``next``, without a step per pack in between. The in-process train loader takes
+    every batch this way.
+
+    Args:
+        packer: the packer whose packs are handed out.
+    """
+
+    __slots__ = ("_packer", "_started", "_blocks", "_child_it", "_queue", "_place", "_unusable", "_ended")
+
+    def __init__(self, packer: IterablePackedDataset) -> None:
+        self._packer = packer
+        self._started = False  # the round begins at the first pack asked for, as a generator's would
+        self._blocks = False
+        self._child_it: Iterator[dict[str, Any]] | None = None
+        self._queue: DocumentQueue | None = None  # the queue ``_place`` was looked up for
+        self._place: Callable[[DocumentQueue, int], int] | None = None
+        self._unusable = 0  # documents in a row that could not be packed
+        self._ended = False
+
+    def __iter__(self) -> PackStream:
+        return self
+
+    def __next__(self) -> PackedSample:
+        ready = self._filled(1)
+        if not ready:
+            raise StopIteration
+        pack = ready.popleft()
+        counters = self._packer._counters
+        counters["packs"] += 1
+        counters["tokens"] += pack.length
+        return PackedSample(pack)
+
+    def take(self, count: int) -> list[PackedSample]:
+        """The next up to ``count`` packs; fewer only when a finite child has ended (then the
+        round is over, and later calls return ``[]``)."""
+        ready = self._filled(count)
+        taken = min(count, len(ready))
+        packs = [PackedSample(ready.popleft()) for _ in range(taken)]
+        counters = self._packer._counters
+        counters["packs"] += taken
+        counters["tokens"] += sum(sample.pack.length for sample in packs)
+        return packs
+
+    def _filled(self, count: int) -> collections.deque[Pack]:
+        """The finished packs after placing documents until there are ``count`` (or the child
+        ended: then, with fewer, the round is over)."""
+        if self._ended:
+            return collections.deque()
+        packer = self._packer
+        if not self._started:
+            self._started = True
+            self._blocks, self._child_it = packer._start_round()
+        placer = packer._placer
+        ready = placer.ready
+        if len(ready) >= count:
+            return ready
+        counters = packer._counters
+        while len(ready) < count and not packer._child_exhausted:
+            if not self._blocks:
+                self._unusable = packer._next_document(self._child_it, self._unusable)
+                continue
+            queue = packer._queue
+            if queue is not self._queue:  # a new block (or documents restored from a state)
+                self._queue, self._place = queue, placer.placement_for(queue)
+            if queue.at < len(queue.refs):  # place queued documents until the packs are ready; the state holds the rest
+                counters["documents"] += self._place(queue, count)
+            elif not packer._read_block():
+                packer._child_exhausted = True
+                placer.close_all()
+        if len(ready) < count:  # the child ended: the round is over once these are out
+            packer._finished = True
+            self._ended = True
+        return ready
 
 def _held_state(packs: list[Pack], counts: list[int]) -> dict[str, Any]:
     """The state of ``packs`` as they were when each held ``counts[i]`` pieces."""

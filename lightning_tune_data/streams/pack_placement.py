@@ -231,14 +231,14 @@ class PackPlacer:
             self.ready.append(open_packs.pop(self.free.pop(0) & _NUMBER_MASK))
 
     # -- a queue of documents ---------------------------------------------------------------
-    def place_from(self, queue: DocumentQueue, ready: int = 1) -> int:
-        """Place queued documents until ``ready`` packs are finished and not handed out (or the
+    def place_from(self, queue: DocumentQueue, until_ready: int = 1) -> int:
+        """Place queued documents until :attr:`ready` holds ``until_ready`` finished packs (or the
         queue is empty); returns how many documents were placed.
 
         A document finishes at most one ``greedy``/``best_fit`` pack, so those stop right after
-        the document that finished the ``ready``-th pack; a ``concat`` document can fill several.
+        the document that finished the last pack asked for; a ``concat`` document can fill several.
         """
-        return self.placement_for(queue)(queue, ready)
+        return self.placement_for(queue)(queue, until_ready)
 
     def placement_for(self, queue: DocumentQueue) -> Callable[[DocumentQueue, int], int]:
         """What :meth:`place_from` runs for ``queue``: the strategy's loop over plain documents
@@ -250,16 +250,17 @@ class PackPlacer:
             return self._best_fit_from
         return self._place_each_from
 
-    def _place_each_from(self, queue: DocumentQueue, want: int) -> int:
+    def _place_each_from(self, queue: DocumentQueue, until_ready: int) -> int:
         start, refs, tokens, extras, ready, place = queue.at, queue.refs, queue.tokens, queue.extras, self.ready, self.place
-        while queue.at < len(refs) and len(ready) < want:
+        while queue.at < len(refs) and len(ready) < until_ready:
             at = queue.at
             queue.at += 1
             place(refs[at], tokens[at], None if extras is None else extras[at])
         return queue.at - start
 
-    def _best_fit_from(self, queue: DocumentQueue, want: int) -> int:
-        """:meth:`_add_best_fit` over a plain queue until ``want`` packs are finished, with the common cases inlined."""
+    def _best_fit_from(self, queue: DocumentQueue, until_ready: int) -> int:
+        """:meth:`_add_best_fit` over a plain queue until ``until_ready`` packs are finished, with the
+        common cases inlined."""
         refs, tokens = queue.refs, queue.tokens
         count, ready, length_at = len(refs), self.ready, LENGTH_AT
         cap, free, open_packs, stores = self.max_seq_len, self.free, self.open, self.stores
@@ -286,19 +287,19 @@ class PackPlacer:
                 self.place(ref, tokens[at], None)
             else:  # fits in no open pack: opens one
                 self._open_best_fit(Pack(stores, [ref], [tokens[at]], n))
-            if len(ready) >= want:
+            if len(ready) >= until_ready:
                 placed = at + 1
                 break
         queue.at = placed
         return placed - start
 
-    def _concat_from(self, queue: DocumentQueue, want: int) -> int:
-        """:meth:`_add_concat` over a plain queue until ``want`` packs are finished: each time, the
+    def _concat_from(self, queue: DocumentQueue, until_ready: int) -> int:
+        """:meth:`_add_concat` over a plain queue until ``until_ready`` packs are finished: each time, the
         run of whole documents that fit in the open pack is appended in one step, then the
         document that fills it is split."""
         placed = 0
         ready = self.ready
-        while len(ready) < want:
+        while len(ready) < until_ready:
             count = self._concat_one(queue)
             if not count:
                 break

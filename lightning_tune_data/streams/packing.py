@@ -432,8 +432,8 @@ class IterablePackedDataset(TuneIterableDataset):
 
         def build() -> dict[str, Any]:
             packs, num_open = self._replay(start, placed, counters["packs"] - start.packs_out)
-            fixed = {**self._fixed_state(num_open), "counters": counters, "child_exhausted": False, "finished": finished}
-            state = {**fixed, "packs": _held_state(packs, [len(pack.refs) for pack in packs])}
+            state = {**self._fixed_state(num_open), "counters": counters, "child_exhausted": False,
+                     "finished": finished, "packs": _held_state(packs, [len(pack.refs) for pack in packs])}
             state["child"] = self._child.state_after_block(start.queue.block, placed)
             return {self._dataset_name: state}
 

@@ -6,7 +6,7 @@ Usage (from the repository root, after ``run_all.py`` has built ``benchmarks/.da
 
 CPU microseconds per batch (``time.process_time``, so load from other processes barely matters),
 each component called on its own, same cache as the suite: the stream producing one batch's
-samples, the collator, the record of the stream's state the loader takes after every batch (a lazy
+samples (in one ``take`` call where the stream offers it, as the train loader takes them), the collator, the record of the stream's state the loader takes after every batch (a lazy
 ``snapshot`` where the stream has one, else ``state_dict``), and the whole batch
 through ``train_dataloader()``; the difference is the loader's own work plus what the components
 miss by being timed one at a time on data already in the CPU caches (in the real loop every batch
@@ -157,7 +157,8 @@ def main() -> int:
         stream, collator = dm.build_train_stream(), dm.train_collator()
         it = iter(stream)
         samples = [next(it) for _ in range(batch)]
-        produce = cpu_us(lambda: [next(it) for _ in range(batch)], args.calls)
+        take = getattr(it, "take", None)  # the packer hands out a batch's samples in one call, as the loader takes them
+        produce = cpu_us((lambda: take(batch)) if take else (lambda: [next(it) for _ in range(batch)]), args.calls)
         collate = cpu_us(lambda: collator(samples), args.calls)
         state = cpu_us(getattr(stream, "snapshot", stream.state_dict), args.calls)  # what the loader takes per batch
         loader_it = iter(dm.train_dataloader())

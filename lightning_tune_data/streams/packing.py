@@ -393,14 +393,15 @@ class IterablePackedDataset(TuneIterableDataset):
         packs.extend(self._placer.ready)
         return packs, [len(pack.refs) for pack in packs], num_open
 
-    def _fixed_state(self, num_open: int) -> dict[str, Any]:
+    def _fixed_state(self, num_open: int, counters: dict[str, int], child_exhausted: bool,
+                     finished: bool) -> dict[str, Any]:
         return {
             "strategy": self._strategy,
             "max_seq_len": self._max_seq_len,
-            "counters": dict(self._counters),
+            "counters": counters,
             "num_open": num_open,
-            "child_exhausted": self._child_exhausted,
-            "finished": self._finished,
+            "child_exhausted": child_exhausted,
+            "finished": finished,
         }
 
     def _held_snapshot(self) -> Callable[[], dict[str, Any]]:
@@ -408,7 +409,7 @@ class IterablePackedDataset(TuneIterableDataset):
         packs, counts, num_open = self._held_packs()
         queue = self._queue
         block, placed = queue.block, queue.at
-        fixed = self._fixed_state(num_open)
+        fixed = self._fixed_state(num_open, dict(self._counters), self._child_exhausted, self._finished)
         pending = None
         if block is None:  # no block read yet, or documents restored from an older state: saved as documents
             fixed["child"] = self._child.state_dict()
@@ -432,8 +433,8 @@ class IterablePackedDataset(TuneIterableDataset):
 
         def build() -> dict[str, Any]:
             packs, num_open = self._replay(start, placed, counters["packs"] - start.packs_out)
-            state = {**self._fixed_state(num_open), "counters": counters, "child_exhausted": False,
-                     "finished": finished, "packs": _held_state(packs, [len(pack.refs) for pack in packs])}
+            state = {**self._fixed_state(num_open, counters, False, finished),
+                     "packs": _held_state(packs, [len(pack.refs) for pack in packs])}
             state["child"] = self._child.state_after_block(start.queue.block, placed)
             return {self._dataset_name: state}
 
@@ -590,6 +591,7 @@ class PackStream:
             packer._finished = True
             self._ended = True
         return ready
+
 
 def _held_state(packs: list[Pack], counts: list[int]) -> dict[str, Any]:
     """The state of ``packs`` as they were when each held ``counts[i]`` pieces."""

@@ -382,7 +382,7 @@ def drain_blocks(flat: np.ndarray, budget_s: float, seed: int, offsets: np.ndarr
 
 def drain_documents(dm, budget_s: float) -> tuple[float, int, int, float]:
     """The bare document stream of the single source (no packer, no collator, no loader)."""
-    from lightning_tune_data.streams.arrow_source import ArrowSource
+    from lightning_tune_data.sources.arrow import ArrowSource
 
     source = ArrowSource(dm._datasets["train"]["web"], "web", seed=0, max_seq_len=None)
     it = iter(source)

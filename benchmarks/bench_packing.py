@@ -33,7 +33,7 @@ def padded_share(lengths: np.ndarray, seed: int, batch_size: int = PAD_BATCH, ma
 
 
 def run(ctx) -> list[Result]:
-    from lightning_tune_data.streams.packing import PACKING_STRATEGIES
+    from lightning_tune_data.packing.packer import PACKING_STRATEGIES
 
     rng = np.random.default_rng(0)
     distributions = {

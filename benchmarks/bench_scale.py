@@ -61,7 +61,7 @@ def build_table(path: Path, rows: int) -> None:
 _PROBE = r"""
 import json, sys, time, psutil, numpy as np, pyarrow as pa
 path, mode, rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
-from lightning_tune_data.streams.arrow_source import ArrowSource  # imports are not what is measured
+from lightning_tune_data.sources.arrow import ArrowSource  # imports are not what is measured
 proc = psutil.Process()
 table = pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
 rss0 = proc.memory_info().rss
@@ -123,9 +123,9 @@ def _lognormal_table(count: int, seed: int, mean: float = 300.0) -> pa.Table:
 
 
 def _worker_state(packing: str | None, max_seq_len: int, tables: list[pa.Table], rank: int = 0, world_size: int = 1) -> dict:
-    from lightning_tune_data.streams.arrow_source import ArrowSource
-    from lightning_tune_data.streams.interleave import InterleavedDataset
-    from lightning_tune_data.streams.packing import IterablePackedDataset
+    from lightning_tune_data.sources.arrow import ArrowSource
+    from lightning_tune_data.mixing.interleave import InterleavedDataset
+    from lightning_tune_data.packing.packer import IterablePackedDataset
 
     sources = [ArrowSource(t, name, seed=1, rank=rank, world_size=world_size, max_seq_len=None if packing == "concat" else max_seq_len)
                for t, name in zip(tables, ("web", "code"))]
@@ -160,9 +160,9 @@ def checkpoint_size(worker_state: dict, ranks: int = 1024, workers: int = 4) -> 
 
     import torch
 
-    from lightning_tune_data.streams.arrow_source import ArrowSource
-    from lightning_tune_data.streams.interleave import InterleavedDataset
-    from lightning_tune_data.streams.packing import IterablePackedDataset
+    from lightning_tune_data.sources.arrow import ArrowSource
+    from lightning_tune_data.mixing.interleave import InterleavedDataset
+    from lightning_tune_data.packing.packer import IterablePackedDataset
 
     num_shards = ranks * workers
 
@@ -208,7 +208,7 @@ def streaming_buffer_state(buffer_sizes: tuple[int, ...] = (100, 1000)) -> list[
     """JSON size of a streaming source's state per worker: its shuffle buffer keeps tokens (log-normal, mean ~300)."""
     import datasets
 
-    from lightning_tune_data.streams.hf_streaming import HFStreamingSource
+    from lightning_tune_data.sources.hf_streaming import HFStreamingSource
 
     table = _lognormal_table(20_000, 3)
     rows = table.column("input_ids").to_pylist()

@@ -48,7 +48,7 @@ class VariableWidthBatches(torch.utils.data.IterableDataset):
 @contextlib.contextmanager
 def heap_batch_blocks():
     """While active, the collator allocates its batch block with ``torch.empty`` (the earlier behaviour)."""
-    import lightning_tune_data.collate_padded as collate
+    import lightning_tune_data.collate.padded as collate
 
     def heap_planes(shape: tuple[int, ...], dtype: torch.dtype = torch.int64) -> tuple:
         block = torch.empty(shape, dtype=dtype)

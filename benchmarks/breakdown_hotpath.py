@@ -79,7 +79,7 @@ class _Trivial(torch.utils.data.IterableDataset):
 def loader_alone_us(calls: int, batch_size: int = PACKED_BATCH) -> float:
     """One in-process batch of ``batch_size`` trivial items, no collation, through the train loader
     ours uses: a ``StatefulDataLoader`` in the resumable wrapper that records a state per batch."""
-    from lightning_tune_data.loaders import LoaderOptions, build_train_loader
+    from lightning_tune_data.loading.loaders import LoaderOptions, build_train_loader
 
     it = iter(build_train_loader(_Trivial(), list, LoaderOptions(batch_size=batch_size), seed=0))
     next(it)
@@ -88,7 +88,7 @@ def loader_alone_us(calls: int, batch_size: int = PACKED_BATCH) -> float:
 
 def permutation_us_per_document(num_rows: int, calls: int) -> float:
     """The keyed permutation mapping positions to rows, per position (in calls of 4096 positions)."""
-    from lightning_tune_data.streams.permutation import KeyedPermutation
+    from lightning_tune_data.sources.permutation import KeyedPermutation
 
     permutation = KeyedPermutation(num_rows, key=12345)
     positions = np.arange(4096, dtype=np.int64)
@@ -226,11 +226,11 @@ def main() -> int:
              f"{datasets_us / unpacked_bound:.1f}x |",
              f"| ours, whole batch via train_dataloader() | {middle['ours unpacked']:.0f} | "
              f"{datasets_us / middle['ours unpacked']:.1f}x |"]
-    from lightning_tune_data.collate_packed import PackedCollator
-    from lightning_tune_data.collate_padded import PaddedCollator
-    from lightning_tune_data.loaders import ResumableLoader
-    from lightning_tune_data.streams.pack_placement import PackPlacer
-    from lightning_tune_data.streams.packing import IterablePackedDataset
+    from lightning_tune_data.collate.packed import PackedCollator
+    from lightning_tune_data.collate.padded import PaddedCollator
+    from lightning_tune_data.loading.loaders import ResumableLoader
+    from lightning_tune_data.packing.placement import PackPlacer
+    from lightning_tune_data.packing.packer import IterablePackedDataset
 
     loop_calls = max(args.calls, 200)
     in_loop: dict[str, dict[str, float]] = {}

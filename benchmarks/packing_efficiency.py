@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_tune_data.streams.memory import InMemoryStream
-from lightning_tune_data.streams.packing import PACKING_STRATEGIES, IterablePackedDataset
+from lightning_tune_data.sources.memory import InMemoryStream
+from lightning_tune_data.packing.packer import PACKING_STRATEGIES, IterablePackedDataset
 
 
 def lognormal_lengths(n: int, mean: float, sigma: float, rng: np.random.Generator) -> np.ndarray:

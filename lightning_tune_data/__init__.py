@@ -3,22 +3,22 @@
 Mental model: source -> dataset (stream) -> interleave / pack -> loader -> trainer.
 """
 
-__version__ = "0.2.0"
+from lightning_tune_data.version import __version__
 
-from .collate import PackedCollator, PaddedCollator, shifted_labels
-from .datamodule import TextDataModule
-from .harness import Harness, MetricSpec
-from .managers import DatasetManager, LocalDatasetManager, UnconditionalGenerationDatasetManager
-from .metrics import DatasetMetricsCallback, MetricCollector, StandardMetricCollector
-from .source_loss import SourceLossSplit, split_loss_by_source
-from .prediction_writer import PredictionWriter
-from .streams.arrow_source import ArrowSource
-from .streams.memory import InMemoryStream
-from .streams.base import TuneIterableDataset
-from .streams.hf_streaming import HFStreamingSource
-from .streams.interleave import InterleavedDataset, interleave_datasets
-from .streams.packing import IterablePackedDataset
-from .tokenizers import ByteTokenizer, TokenizerFileTokenizer, TransformersTokenizer
+from lightning_tune_data.collate import PackedCollator, PaddedCollator, shifted_labels
+from lightning_tune_data.datamodule.module import TextDataModule
+from lightning_tune_data.models.harness import Harness, MetricSpec
+from lightning_tune_data.managers import DatasetManager, LocalDatasetManager, UnconditionalGenerationDatasetManager
+from lightning_tune_data.metrics import DatasetMetricsCallback, MetricCollector, StandardMetricCollector
+from lightning_tune_data.models.source_loss import SourceLossSplit, split_loss_by_source
+from lightning_tune_data.models.prediction_writer import PredictionWriter
+from lightning_tune_data.sources.arrow import ArrowSource
+from lightning_tune_data.sources.memory import InMemoryStream
+from lightning_tune_data.sources.base import TuneIterableDataset
+from lightning_tune_data.sources.hf_streaming import HFStreamingSource
+from lightning_tune_data.mixing.interleave import InterleavedDataset, interleave_datasets
+from lightning_tune_data.packing.packer import IterablePackedDataset
+from lightning_tune_data.tokenizers import ByteTokenizer, TokenizerFileTokenizer, TransformersTokenizer
 
 __all__ = [
     "ArrowSource",

@@ -1,3 +1,3 @@
-from .cli import main
+from lightning_tune_data.cli import main
 
 main()

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_tune_data import __version__, cache
-from lightning_tune_data.checksums import CHECKSUM_ALGORITHM, FILE_HASH_MEMO, file_identity
+from lightning_tune_data.cache import store as cache
+from lightning_tune_data.version import __version__
+from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM, FILE_HASH_MEMO, file_identity
 
 __all__ = ["CacheEntry", "main", "scan"]
 
@@ -122,7 +123,7 @@ def _remove(path: Path) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from lightning_tune_data.datamodule import default_cache_dir
+    from lightning_tune_data.datamodule.module import default_cache_dir
 
     parser = argparse.ArgumentParser(prog="lightning-tune-data cache", description=__doc__.split("\n\n")[0])
     actions = parser.add_subparsers(dest="action", required=True)

@@ -36,13 +36,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """Parse ``argv``, write the report and print where it is; returns the exit code."""
     args = _parser().parse_args(argv)
-    from ..report.write import write_batch_report, write_metrics_report
+    from lightning_tune_data.report.write import write_batch_report, write_metrics_report
 
     try:
         if args.metrics:
             path = write_metrics_report(args.metrics, args.output)
         else:
-            from ..report.batches import collect, datamodule_from_config
+            from lightning_tune_data.report.batches import collect, datamodule_from_config
 
             datamodule = datamodule_from_config(args.config, cache_dir=args.cache_dir)
             report = collect(datamodule, args.batches, preview_rows=args.preview_rows)

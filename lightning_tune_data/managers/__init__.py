@@ -8,7 +8,7 @@
 
 Lifecycle: ``prepare_data(tokenizer, cache_dir)`` runs once per node (Lightning calls it on local
 rank 0) and writes an atomic cache keyed by a fingerprint of everything that changes its content
-(see :mod:`lightning_tune_data.cache`); ``setup(tokenizer, cache_dir)`` runs on every rank and
+(see :mod:`lightning_tune_data.cache.store`); ``setup(tokenizer, cache_dir)`` runs on every rank and
 memory-maps that cache (it never builds it). Streaming managers skip the cache and tokenize lazily.
 
 Managers hold only configuration (no open files, no datasets), so they pickle into dataloader
@@ -33,7 +33,7 @@ from lightning_tune_data.managers.unconditional import (
     UnconditionalGenerationDatasetManager,
     UnconditionalPrompts,
 )
-from lightning_tune_data.preprocess_runner import OUTPUT_COLUMNS, _PreprocessRunner
+from lightning_tune_data.managers.preprocess_runner import OUTPUT_COLUMNS, _PreprocessRunner
 
 __all__ = [
     "STAGES",

@@ -21,9 +21,10 @@ from typing import Any
 import datasets
 import numpy as np
 
-from lightning_tune_data import __version__, cache
-from lightning_tune_data.checksums import VerifyMode
-from lightning_tune_data.managers.cache_records import check_token_ids, find_cache, rebuild_reason
+from lightning_tune_data.cache import store as cache
+from lightning_tune_data.version import __version__
+from lightning_tune_data.cache.checksums import VerifyMode
+from lightning_tune_data.cache.records import check_token_ids, find_cache, rebuild_reason
 from lightning_tune_data.managers.config import (
     CACHE_MANIFEST,
     CacheMissingError,

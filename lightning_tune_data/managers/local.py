@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning_tune_data import cache
+from lightning_tune_data.cache import store as cache
 from lightning_tune_data.managers.config import DEFAULT_PREPROCESS, DataSourceError, _safe_name
 from lightning_tune_data.managers.hub import DatasetManager
 from lightning_tune_data.managers.input_files import _resolve_local_files

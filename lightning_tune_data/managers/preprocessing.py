@@ -12,7 +12,7 @@ import datasets
 
 from lightning_tune_data.managers.config import DEFAULT_PREPROCESS, DataSourceError
 from lightning_tune_data.preprocess import PreprocessError
-from lightning_tune_data.preprocess_runner import (
+from lightning_tune_data.managers.preprocess_runner import (
     _ERROR_COLUMN,
     _OUTPUT_FEATURES,
     _PROBE_ROWS,
@@ -20,7 +20,7 @@ from lightning_tune_data.preprocess_runner import (
     _PreprocessRunner,
     drop_failed_rows,
 )
-from lightning_tune_data.streams.hf_streaming import _without_datasets_read_retries
+from lightning_tune_data.sources.hf_streaming import without_datasets_read_retries
 from lightning_tune_data.tokenizers import Tokenizer
 
 log = logging.getLogger("lightning_tune_data.managers")
@@ -104,7 +104,7 @@ class PreprocessingSteps:
     def _setup_streaming(self, tokenizer: Tokenizer, cache_dir: str | Path) -> datasets.IterableDataset:
         dataset = self._load(cache_dir, streaming=True)
         try:
-            with _without_datasets_read_retries():  # the first row: fail fast, not after 20 x 5 s
+            with without_datasets_read_retries():  # the first row: fail fast, not after 20 x 5 s
                 first = next(iter(dataset.take(1)))
         except StopIteration:
             first = None

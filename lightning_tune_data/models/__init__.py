@@ -1,5 +1,8 @@
-"""Small models that ship with the package (importable from YAML configs after ``pip install``)."""
+"""The model side: the metric-group harness, per-source loss, the prediction writer and a tiny causal LM.
 
-from .tiny_lm import TinyCausalLM, document_causal_mask
+Everything here is importable from YAML configs after ``pip install``.
+"""
+
+from lightning_tune_data.models.tiny_lm import TinyCausalLM, document_causal_mask
 
 __all__ = ["TinyCausalLM", "document_causal_mask"]

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..harness import Harness, ReportedMetrics
+from lightning_tune_data.models.harness import Harness, ReportedMetrics
 
 IGNORE_INDEX = -100
 

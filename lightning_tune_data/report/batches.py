@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from ..datamodule import TextDataModule
-from ..lengths import document_lengths
-from ..metrics.aggregator import DatasetMetricsAggregator
+from lightning_tune_data.datamodule.module import TextDataModule
+from lightning_tune_data.sources.lengths import document_lengths
+from lightning_tune_data.metrics.aggregator import DatasetMetricsAggregator
 
 __all__ = ["BatchReport", "collect", "datamodule_from_config"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..tokenizers import Tokenizer
+from lightning_tune_data.tokenizers import Tokenizer
 
 __all__ = ["render_rows"]
 

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..tokenizers import Tokenizer
-from .batches import BatchReport
-from .plots import plot_efficiency, plot_lengths, plot_losses, plot_mix, plot_truncation
-from .preview import LEGEND, render_rows
+from lightning_tune_data.tokenizers import Tokenizer
+from lightning_tune_data.report.batches import BatchReport
+from lightning_tune_data.report.plots import plot_efficiency, plot_lengths, plot_losses, plot_mix, plot_truncation
+from lightning_tune_data.report.preview import LEGEND, render_rows
 
 __all__ = ["read_metrics_csv", "write_batch_report", "write_metrics_report"]
 

@@ -1,6 +1,6 @@
 """Real Lightning training runs that feed ``DatasetMetricsCallback`` batches carrying provenance.
 
-Imported by ``tests/test_metrics_callback.py`` for single-process runs, and run as a script for DDP::
+Imported by ``tests/metrics/test_callback.py`` for single-process runs, and run as a script for DDP::
 
     python tests/scripts/metrics_training.py OUT_DIR fit            # 2 gloo ranks, checkpoints every 2 steps
     python tests/scripts/metrics_training.py OUT_DIR resume CKPT    # 2 gloo ranks, resumes from CKPT

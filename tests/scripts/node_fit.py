@@ -30,7 +30,7 @@ class Lines(logging.Handler):
 def main() -> None:
     corpus, cache_dir, out, per_node = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4] == "1"
     lines = Lines()
-    cache_logger = logging.getLogger("lightning_tune_data.cache")
+    cache_logger = logging.getLogger("lightning_tune_data.cache.store")
     cache_logger.addHandler(lines)
     cache_logger.setLevel(logging.INFO)
     seed_everything(0)

@@ -31,7 +31,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from reliability_fns import CountingLM, text_of  # noqa: E402
 
 from lightning_tune_data import DatasetMetricsCallback, LocalDatasetManager, TextDataModule  # noqa: E402
-from lightning_tune_data.harness import MetricSpec  # noqa: E402
+from lightning_tune_data.models.harness import MetricSpec  # noqa: E402
 
 
 class Recorder(Callback):

@@ -1,0 +1,386 @@
+"""Preprocessing caches: content fingerprints and crash-safe, lock-guarded atomic writes.
+
+A cache directory is *valid* only when it holds the completion marker ``_COMPLETE.json`` whose
+metadata matches what the reader expects. Caches are built in a temporary directory beside the
+final one, the checksum of every file is recorded in the marker, the marker is written last,
+everything is fsynced, and the directory is renamed into place, all under a file lock
+(``<final_dir>.lock``). A process killed at any point therefore leaves either nothing, or a
+temporary directory that is never read and is removed by the next build, or a complete cache.
+
+Reusing a complete cache needs no lock and no write access: its files are checked against the
+recorded checksums (or sizes only, see :mod:`lightning_tune_data.cache.checksums`) and it is read
+as it is, so caches on a read-only volume work. Only a build takes the lock; a build in a
+directory that cannot be written fails with :class:`CacheReadOnlyError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import os
+import shutil
+import uuid
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+
+import lightning_tune_data.version as package_version
+from lightning_tune_data.cache.checksums import FILE_HASH_MEMO, VERIFY_MODES, VerifyMode, file_identity, tree_checksums, verify_files
+
+__all__ = [
+    "CACHE_FORMAT_VERSION",
+    "COMPLETE_MARKER",
+    "CacheReadOnlyError",
+    "FILE_HASH_MEMO",
+    "build_cache_atomically",
+    "callable_identity",
+    "check_complete_cache",
+    "canonical_json",
+    "file_identity",
+    "fingerprint",
+    "is_valid_cache",
+    "read_cache_metadata",
+    "tree_size",
+]
+
+log = logging.getLogger(__name__)
+# Cache hits and builds are one line each and must show at the default log level (Python's
+# default is WARNING): like Lightning's own logger, print INFO ourselves unless the
+# application configured logging (then its handlers and levels decide).
+log.setLevel(logging.INFO)
+if not logging.getLogger().hasHandlers():
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(_handler)
+    log.propagate = False
+
+#: Bump when the on-disk layout of caches changes; it is part of every fingerprint and marker.
+CACHE_FORMAT_VERSION = 2
+#: Name of the completion marker, written last into a finished cache directory.
+COMPLETE_MARKER = "_COMPLETE.json"
+
+class CacheReadOnlyError(PermissionError):
+    """A cache must be built but its directory cannot be written; the message names the
+    directory and the ``cache_dir`` option."""
+
+
+def callable_identity(fn: Any) -> dict[str, Any]:
+    """Describe a callable so that editing its code changes the description.
+
+    Args:
+        fn: A function, ``functools.partial``, bound method or callable object.
+
+    Returns:
+        ``{"module", "qualname", "source_sha256"}`` (``source_sha256`` is ``None`` when the source
+        is unavailable, e.g. for builtins); partials also record their bound arguments.
+    """
+    if isinstance(fn, functools.partial):
+        return {
+            "partial": callable_identity(fn.func),
+            "args": list(fn.args),
+            "keywords": dict(fn.keywords),
+        }
+    target = getattr(fn, "__func__", fn)  # bound methods: the function
+    if not (inspect.isfunction(target) or inspect.isclass(target) or inspect.isbuiltin(target)):
+        target = type(target)  # callable instances: their class
+    try:
+        source_hash: str | None = hashlib.sha256(inspect.getsource(target).encode()).hexdigest()
+    except (OSError, TypeError):
+        source_hash = None
+    return {
+        "module": getattr(target, "__module__", None),
+        "qualname": getattr(target, "__qualname__", repr(target)),
+        "source_sha256": source_hash,
+    }
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    if isinstance(value, bytes):
+        return value.hex()
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return value.item()
+    if callable(value):
+        return callable_identity(value)
+    text = repr(value)
+    if " at 0x" in text:
+        raise TypeError(
+            f"cannot fingerprint a value of type {type(value).__name__} ({text}): its repr is not "
+            f"stable across runs. Use plain JSON values (str, int, float, bool, list, dict) in "
+            f"configuration that keys the cache."
+        )
+    return {"repr": text, "type": f"{type(value).__module__}.{type(value).__qualname__}"}
+
+
+def canonical_json(obj: Any) -> str:
+    """Serialise ``obj`` deterministically (sorted keys, no whitespace) for hashing/comparison."""
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=_json_default
+    )
+
+
+def fingerprint(parts: Mapping[str, Any]) -> str:
+    """Stable sha256 hex digest of everything that changes a cache's content.
+
+    The package version and :data:`CACHE_FORMAT_VERSION` are added here, so callers pass only
+    their own parts (source spec, data-file identities, preprocess function identity and kwargs,
+    tokenizer identity, ...).
+
+    Args:
+        parts: JSON-like description; paths, sets and callables are canonicalised.
+
+    Returns:
+        64 hex characters.
+    """
+    payload = {
+        "parts": dict(parts),
+        "package_version": package_version.__version__,
+        "cache_format": CACHE_FORMAT_VERSION,
+    }
+    return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
+
+
+def read_cache_metadata(cache_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """Return the marker contents of a complete cache, or ``None`` if there is no valid marker."""
+    marker = Path(cache_dir) / COMPLETE_MARKER
+    try:
+        with open(marker, encoding="utf-8") as handle:
+            content = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(content, dict) or content.get("cache_format") != CACHE_FORMAT_VERSION:
+        return None
+    return content
+
+
+def is_valid_cache(
+    cache_dir: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None
+) -> bool:
+    """Whether ``cache_dir`` is a finished cache (its completion marker exists and parses).
+
+    Args:
+        cache_dir: The cache directory.
+        metadata: If given, the marker's metadata must also equal it (compared canonically).
+    """
+    if not Path(cache_dir).is_dir():
+        return False
+    content = read_cache_metadata(cache_dir)
+    if content is None:
+        return False
+    if metadata is None:
+        return True
+    return canonical_json(content.get("metadata")) == canonical_json(dict(metadata))
+
+
+def _fsync_path(path: Path) -> None:
+    flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, filenames in os.walk(root):
+        for filename in filenames:
+            _fsync_path(Path(dirpath) / filename)
+        _fsync_path(Path(dirpath))
+
+
+def _temp_prefix(final_dir: Path) -> str:
+    return f".{final_dir.name}.tmp-"
+
+
+def human_size(num_bytes: float) -> str:
+    """Bytes as ``"12.3 MB"`` (decimal units)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if num_bytes < 1000 or unit == "GB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1000
+    return f"{num_bytes:.1f} TB"
+
+
+def tree_size(root: str | os.PathLike[str]) -> int:
+    """Bytes of the regular files under ``root``."""
+    total = 0
+    for dirpath, _, filenames in os.walk(root):
+        for filename in filenames:
+            try:
+                total += os.lstat(os.path.join(dirpath, filename)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def check_complete_cache(
+    cache_dir: str | os.PathLike[str],
+    verify: Callable[[Path], str | None] | None = None,
+    verify_mode: VerifyMode = "checksum",
+) -> str | None:
+    """What is wrong with a complete cache's files (``None``: intact), without writing anything.
+
+    Args:
+        cache_dir: A directory whose marker is valid.
+        verify: Extra check of the content (e.g. that the dataset opens).
+        verify_mode: ``"checksum"`` hashes every file against the recorded checksums,
+            ``"size"`` compares sizes only.
+    """
+    content = read_cache_metadata(cache_dir) or {}
+    problem = verify_files(cache_dir, content.get("files") or {}, verify_mode)
+    if problem is None and verify is not None:
+        problem = verify(Path(cache_dir))
+    return problem
+
+
+def _not_writable(error: OSError) -> bool:
+    return isinstance(error, PermissionError) or error.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _read_only_error(parent: Path, final_dir: Path, why: str, description: str, error: OSError) -> CacheReadOnlyError:
+    return CacheReadOnlyError(
+        f"{description}: the cache {final_dir.name} must be built ({why}) but the cache directory {parent} "
+        f"cannot be written ({type(error).__name__}: {error}). A complete cache there is used read-only; this one "
+        f"has to be built first. Set the cache_dir option (TextDataModule(cache_dir=...), data.cache_dir in a "
+        f"config, or $LIGHTNING_TUNE_DATA_CACHE) to a writable directory, or build the cache once where it can "
+        f"be written and copy it to {parent}."
+    )
+
+
+def _prepare_lock(parent: Path, final_dir: Path, why: str, description: str) -> str:
+    """Create the cache root and the lock file, turning 'cannot write here' into a clear error."""
+    lock_path = str(final_dir) + ".lock"
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        os.close(fd)
+    except OSError as error:
+        if _not_writable(error):
+            raise _read_only_error(parent, final_dir, why, description, error) from error
+        raise
+    return lock_path
+
+
+def build_cache_atomically(
+    final_dir: str | os.PathLike[str],
+    build: Callable[[Path], None],
+    metadata: Mapping[str, Any],
+    lock_timeout: float = -1,
+    verify: Callable[[Path], str | None] | None = None,
+    verify_mode: VerifyMode = "checksum",
+    inputs: Mapping[str, Any] | None = None,
+    description: str = "cache",
+    build_reason: Callable[[], str] | None = None,
+) -> Path:
+    """Return a valid cache at ``final_dir``, building it with ``build`` if needed.
+
+    A complete cache with matching ``metadata`` whose files pass the check (``verify_mode``:
+    the checksums recorded at write time, or sizes only; then ``verify``) is returned untouched,
+    without taking the lock or writing anything (read-only volumes work). Otherwise, under
+    ``FileLock(<final_dir>.lock)``: the check is repeated (another process may have just built
+    it), leftover temporary directories of killed builds are removed, an invalid or corrupt
+    ``final_dir`` is removed with a warning naming the problem (e.g. the corrupt file),
+    ``build`` fills a fresh temporary directory beside ``final_dir``, the checksum of every file
+    and the marker are written last, the tree is fsynced and renamed into place.
+
+    Args:
+        final_dir: Where the finished cache lives.
+        build: Called with an empty temporary directory to fill.
+        metadata: JSON-like metadata stored in the marker and required to match on reuse.
+        lock_timeout: Seconds to wait for the lock (``-1``: forever).
+        verify: Optional check of a complete cache's content: returns ``None`` when it is
+            intact, else what is wrong (e.g. the dataset does not open).
+        verify_mode: ``"checksum"`` (default) or ``"size"``, see :mod:`lightning_tune_data.cache.checksums`.
+        inputs: JSON-like description of what the cache was built from, stored in the marker
+            (so later builds can say what changed, and ``cache list`` what is stale).
+        description: Names the cache in messages (e.g. ``source 'notes' (...)``).
+        build_reason: Called before a build; returns why it is needed (for the log line).
+
+    Returns:
+        ``final_dir`` as a ``Path``.
+
+    Raises:
+        CacheReadOnlyError: A build is needed but the cache directory cannot be written.
+    """
+    if verify_mode not in VERIFY_MODES:
+        raise ValueError(f"cache verification mode {verify_mode!r} is not one of {VERIFY_MODES}.")
+    final_dir = Path(final_dir)
+    parent = final_dir.parent
+    metadata = dict(metadata)
+    canonical_json(metadata)  # fail before building if the metadata cannot be serialised
+    corrupt = None
+    if is_valid_cache(final_dir, metadata):
+        corrupt = check_complete_cache(final_dir, verify, verify_mode)
+        if corrupt is None:
+            log.info("%s: using cache %s (%s, %s checked)", description, final_dir,
+                     human_size(tree_size(final_dir)), "checksums" if verify_mode == "checksum" else "sizes")
+            return final_dir
+    why = f"corrupt: {corrupt}" if corrupt else "no complete cache for this configuration"
+    lock_path = _prepare_lock(parent, final_dir, why, description)
+    with FileLock(lock_path, timeout=lock_timeout):
+        if is_valid_cache(final_dir, metadata):  # built (or repaired) meanwhile by another process?
+            corrupt = check_complete_cache(final_dir, verify, verify_mode)
+            if corrupt is None:
+                log.info("%s: using cache %s (built by another process)", description, final_dir)
+                return final_dir
+        for stale in parent.glob(_temp_prefix(final_dir) + "*"):
+            # We hold the lock, so no live process is building into these: they are leftovers
+            # of a build that was killed.
+            log.info("Removing leftover temporary cache %s of an interrupted build", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        if final_dir.exists() or final_dir.is_symlink():
+            if corrupt is not None:
+                reason = f"corrupt: {corrupt}"
+            elif read_cache_metadata(final_dir) is not None:
+                reason = "metadata mismatch: left by an incompatible build"
+            else:
+                reason = f"no valid {COMPLETE_MARKER} marker: left by an interrupted build"
+            warnings.warn(f"Removing invalid cache {final_dir} ({reason}); rebuilding it.", stacklevel=2)
+            if final_dir.is_dir() and not final_dir.is_symlink():
+                shutil.rmtree(final_dir)
+            else:
+                final_dir.unlink()
+            reason_line = f"the previous build was invalid ({reason})"
+        else:
+            reason_line = build_reason() if build_reason is not None else "no cache for this configuration yet"
+        # Not tempfile.mkdtemp: it creates mode 0o700, and caches are shared like any directory.
+        temp_dir = parent / f"{_temp_prefix(final_dir)}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        temp_dir.mkdir()
+        try:
+            build(temp_dir)
+            marker = {
+                "cache_format": CACHE_FORMAT_VERSION,
+                "package_version": package_version.__version__,
+                "metadata": metadata,
+                "inputs": dict(inputs or {}),
+                "description": description,
+                "files": tree_checksums(temp_dir, exclude=[COMPLETE_MARKER]),
+            }
+            _fsync_tree(temp_dir)
+            marker_path = temp_dir / COMPLETE_MARKER
+            with open(marker_path, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(marker, sort_keys=True, indent=2, default=_json_default))
+                handle.flush()
+                os.fsync(handle.fileno())
+            _fsync_path(temp_dir)
+            os.replace(temp_dir, final_dir)
+            _fsync_path(parent)
+        except BaseException:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            raise
+    log.info("%s: built cache %s (%s) because %s", description, final_dir, human_size(tree_size(final_dir)),
+             reason_line)
+    return final_dir

@@ -1,0 +1,61 @@
+"""Names that every stage of the data path agrees on, defined once.
+
+A document travels from a source to the model as a dict; a batch as a dict of tensors plus a
+``provenance`` side channel of plain lists (one entry per document). The keys of both, the label
+value that means "no target here", and the allowed values of the run-wide options live here, so
+that a source, the packer, a collator and the metrics can never disagree on a spelling.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+# -- a document, as a source yields it ------------------------------------------------------------
+#: Token ids of one document (a 1-D integer array).
+INPUT_IDS = "input_ids"
+#: Optional per-token bool mask: ``True`` where the token is a training target.
+LOSS_MASK = "loss_mask"
+#: Name of the source the document came from.
+SOURCE = "source"
+#: Pass number of the source when the document was read (0 for the first pass).
+EPOCH = "epoch"
+#: Global row of the document in its source (``-1`` where it cannot be read again).
+SOURCE_ROW = "source_row"
+#: Tokens cut from the document by the overlong policy.
+TRUNCATED_TOKENS = "truncated_tokens"
+#: Documents the overlong policy dropped just before this one.
+DROPPED_BEFORE = "dropped_before"
+
+# -- a batch, as a collator builds it -------------------------------------------------------------
+LABELS = "labels"
+ATTENTION_MASK = "attention_mask"
+POSITION_IDS = "position_ids"
+DOCUMENT_IDS = "document_ids"
+SEQ_LENS = "seq_lens"
+#: The batch's side channel: plain lists with one entry per document.
+PROVENANCE = "provenance"
+
+# -- provenance: one entry per document of a batch ------------------------------------------------
+TOKENS = "tokens"
+ROW = "row"
+NEW_DOCUMENT = "new_document"
+#: Every provenance field, in the order collators write them.
+PROVENANCE_FIELDS = (SOURCE, EPOCH, TOKENS, ROW, NEW_DOCUMENT, TRUNCATED_TOKENS, DROPPED_BEFORE)
+
+#: Label of a position with no target (document end, padding, masked prompt): ignored by the loss.
+IGNORE_INDEX = -100
+#: ``document_ids`` value of padding positions.
+PAD_DOCUMENT_ID = -1
+
+# -- allowed values of run-wide options -----------------------------------------------------------
+OverlongPolicy = Literal["truncate", "drop"]
+#: What happens to a document longer than ``max_seq_len``: cut it, or skip it (counted).
+OVERLONG_POLICIES: tuple[str, ...] = OverlongPolicy.__args__
+
+StoppingStrategy = Literal["infinite", "first_exhausted", "all_exhausted"]
+#: When a finite mixture ends: never (sources restart), at the first exhausted source, or once all are.
+STOPPING_STRATEGIES: tuple[str, ...] = StoppingStrategy.__args__
+
+MixBy = Literal["documents", "tokens"]
+#: What a mixture weight is a share of.
+MIX_BY: tuple[str, ...] = MixBy.__args__

@@ -1,0 +1,73 @@
+"""``lightning-tune-data cache list|clean`` over real caches built by ``prepare_data``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import make_texts, write_jsonl
+
+from lightning_tune_data import ByteTokenizer, LocalDatasetManager, TextDataModule
+from lightning_tune_data.commands.cache import scan
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def prepare(data: Path, cache_dir: Path, name: str = "notes", **kwargs) -> None:
+    source = LocalDatasetManager(data_files=str(data), **kwargs)
+    TextDataModule(dataset_managers={"train": {name: source}}, cache_dir=str(cache_dir)).prepare_data()
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run([sys.executable, "-m", "lightning_tune_data", "cache", *args], env=env,
+                          capture_output=True, text=True, timeout=120, check=True)
+
+
+def test_list_shows_size_source_and_which_caches_are_stale(tmp_path):
+    cache_dir = tmp_path / "cache"
+    notes = write_jsonl(tmp_path / "notes.jsonl", make_texts(50, seed=1))
+    prepare(notes, cache_dir)
+    prepare(write_jsonl(tmp_path / "web.jsonl", make_texts(20, seed=2)), cache_dir, name="web")
+    prepare(notes, cache_dir, preprocess_kwargs={"add_eos": False})  # another config of notes: not stale
+    write_jsonl(notes, make_texts(40, seed=1))
+    prepare(notes, cache_dir)  # the two earlier notes caches now describe an old file
+    (cache_dir / "half-built-0123456789abcdef").mkdir()  # an interrupted build (no marker)
+
+    output = cli("list", "--cache_dir", str(cache_dir)).stdout
+    rows = {line.split()[0]: line for line in output.splitlines() if line.startswith(("notes-", "web-", "half-"))}
+    assert len(rows) == 5, output
+    stale = {name for name, line in rows.items() if "stale:" in line}
+    assert len(stale) == 3 and any(n.startswith("half-") for n in stale)
+    assert all("data file notes.jsonl changed since the build" in rows[n] for n in stale if n.startswith("notes-"))
+    assert sum(1 for n in rows if n.startswith("notes-") and n not in stale) == 1
+    assert "ok" in next(line for n, line in rows.items() if n.startswith("web-"))
+    assert all(" KB" in line for line in rows.values() if not line.startswith("half-"))
+    assert "hf_datasets" in output and "intermediate files of the datasets library" in output
+    assert "4 stale" in output and "cache clean" in output  # 3 caches + the datasets library's files
+
+
+def test_clean_removes_only_stale_caches_and_dry_run_removes_nothing(tmp_path):
+    cache_dir = tmp_path / "cache"
+    notes = write_jsonl(tmp_path / "notes.jsonl", make_texts(50, seed=1))
+    prepare(notes, cache_dir)
+    write_jsonl(notes, make_texts(45, seed=1))
+    prepare(notes, cache_dir)
+    before = {e.path.name for e in scan(cache_dir)}
+
+    dry = cli("clean", "--cache_dir", str(cache_dir), "--dry-run").stdout
+    assert "Would remove" in dry and {e.path.name for e in scan(cache_dir)} == before
+
+    cli("clean", "--cache_dir", str(cache_dir))
+    left = scan(cache_dir)
+    assert all(entry.stale is None for entry in left)
+    usable = [e for e in left if e.path.name.startswith("notes-")]
+    assert len(usable) == 1
+    texts = LocalDatasetManager(data_files=str(notes))
+    texts.source_name = "notes"
+    assert len(texts.setup(ByteTokenizer(), cache_dir)) == 45  # the current cache still works
+
+    cli("clean", "--cache_dir", str(cache_dir), "--all")
+    assert scan(cache_dir) == []

@@ -1,0 +1,78 @@
+"""``benchmarks/run_all.py``: where results go, and the hint when psutil is missing."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import run_all  # noqa: E402
+
+
+def args(**overrides) -> argparse.Namespace:
+    return argparse.Namespace(**{"out": None, "update_results": False, "data_dir": Path("scratch"), **overrides})
+
+
+def test_results_go_to_the_scratch_folder_unless_update_results_or_out_is_given() -> None:
+    assert run_all.output_stem(args(), quick=False) == Path("scratch") / "results" / "latest"
+    assert run_all.output_stem(args(), quick=True) == Path("scratch") / "results" / "latest-quick"
+    assert run_all.output_stem(args(update_results=True), quick=False) == REPO / "benchmarks" / "results" / "latest"
+    assert run_all.output_stem(args(out=Path("x/y")), quick=True) == Path("x/y")
+
+
+def test_missing_psutil_stops_with_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psutil", None)  # makes `import psutil` raise ImportError
+    with pytest.raises(SystemExit, match=r'pip install -e "\.\[dev\]"'):
+        run_all.main(["--quick", "--only", "packing"])
+
+
+def test_quick_run_writes_outside_the_tracked_results(tmp_path: Path) -> None:
+    tracked = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (REPO / "benchmarks" / "results").glob("*.*")}
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run_all.py"), "--quick", "--only", "packing",
+                             "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| 5 packing | log-normal" in (tmp_path / "results" / "latest-quick.md").read_text()
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in (REPO / "benchmarks" / "results").glob("*.*")} == tracked
+
+
+def test_both_readmes_give_the_same_suite_duration() -> None:
+    readme = (REPO / "README.md").read_text()
+    bench_readme = (REPO / "benchmarks" / "README.md").read_text()
+    script = (REPO / "benchmarks" / "run_all.py").read_text()
+    for text in (readme, bench_readme, script):
+        assert "~10 min" in text  # the full suite, measured at 561-573 s
+        assert "~11 min" not in text and "~3-5 min" not in text
+
+
+def test_token_counts_read_from_each_batch_equal_its_attention_mask_sum(tmp_path: Path) -> None:
+    import itertools
+
+    import bench_hotpath
+    from bench_throughput import SimplePadCollate
+    from common import make_datamodule, real_tokens, write_token_parquet
+
+    parquet = tmp_path / "tokens.parquet"
+    write_token_parquet(parquet, 3000)
+    for packing, batch_size in ((None, 16), ("concat", 8), ("best_fit", 8)):
+        dm = make_datamodule(parquet, tmp_path / "cache", False, packing, 0, batch_size)
+        for batch in itertools.islice(dm.train_dataloader(), 6):
+            assert real_tokens(batch) == int(batch["attention_mask"].sum())
+    dataset = dm._datasets["train"]["web"]
+    flat = bench_hotpath.flat_tokens(dataset, tmp_path / "flat.npy")
+    offsets = bench_hotpath.flat_offsets(dataset, tmp_path / "offsets.npy")
+    readers = [bench_hotpath.BestFitFloor(flat, offsets, 8, 0), bench_hotpath.DocumentFloor(flat, offsets, 8, 0),
+               bench_hotpath.PaddedFloor(flat, offsets, 16, 0)]
+    for reader in readers:
+        for batch in itertools.islice(reader, 6):
+            assert real_tokens(batch) == int(batch["attention_mask"].sum())
+    rows = [{"input_ids": list(range(n))} for n in (3, 9, 1, 2100)]
+    batch = SimplePadCollate(2048)(rows)
+    assert real_tokens(batch) == int(batch["attention_mask"].sum()) == 3 + 9 + 1 + 2048

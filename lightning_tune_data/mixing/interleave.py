@@ -1,9 +1,6 @@
-"""Weighted interleaving of streams.
-
-* :class:`InterleavedDataset`: a :class:`TuneIterableDataset` that mixes named child streams by
-  weight, in documents or in tokens, with an O(1), exactly and elastically resumable state.
-* :func:`interleave_datasets`: a framework-agnostic generator over plain iterables (no state,
-  ``random.Random`` sampling).
+"""Weighted interleaving of streams: :class:`InterleavedDataset`, a :class:`TuneIterableDataset` that
+mixes named child streams by weight, in documents or in tokens, with an O(1), exactly and
+elastically resumable state (for plain iterables, see ``mixing/interleave_datasets.py``).
 
 Stopping strategies: ``"infinite"`` (children are expected to be infinite; one that ends is
 restarted with a warning), ``"first_exhausted"`` (stop at the first child found exhausted),
@@ -18,9 +15,8 @@ import collections
 import logging
 import math
 import numbers
-import random
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -29,7 +25,7 @@ from lightning_tune_data.distributed import current_shard
 from lightning_tune_data.sources.base import INPUT_IDS, ElasticResumeUnsupported, TuneIterableDataset
 from lightning_tune_data.mixing.blocks import MixedBlock, MixedReader
 
-__all__ = ["InterleavedDataset", "interleave_datasets", "STOPPING_STRATEGIES", "MIX_BY"]
+__all__ = ["InterleavedDataset", "STOPPING_STRATEGIES", "MIX_BY"]
 
 logger = logging.getLogger(__name__)
 
@@ -446,99 +442,3 @@ class InterleavedDataset(TuneIterableDataset):
             ds.load_global_state(own[_CHILDREN])
         self._remaining = own
         self._reader = None
-
-
-def interleave_datasets(
-    datasets: list[Iterable],
-    probabilities: list[float] | None = None,
-    seed: int | None = None,
-    stopping_strategy: str = "first_exhausted",
-) -> Iterator:
-    """Interleave plain iterables by weighted random choice (a framework-agnostic utility).
-
-    Validation happens at call time; the returned iterator does the sampling.
-
-    Args:
-        datasets: iterables to interleave.
-        probabilities: one sampling probability per iterable; must be >= 0 and sum to 1.
-            ``None`` alternates between the iterables in order (round-robin), as the
-            ``datasets`` library does.
-        seed: seed of the ``random.Random`` that picks the iterable for each item.
-        stopping_strategy: ``"first_exhausted"`` stops as soon as a picked iterable is found
-            exhausted; ``"all_exhausted"`` drops exhausted iterables, renormalises the remaining
-            probabilities (equal shares if they are all 0) and continues until every iterable is
-            exhausted, yielding every item exactly once.
-
-    Returns:
-        An iterator over the interleaved items.
-
-    Raises:
-        ValueError: lengths differ, probabilities are negative or don't sum to 1, or the
-            stopping strategy is unknown.
-    """
-    datasets = list(datasets)
-    if probabilities is None:
-        if stopping_strategy not in ("first_exhausted", "all_exhausted"):
-            raise ValueError(
-                f"interleave_datasets: stopping_strategy must be 'first_exhausted' or 'all_exhausted', "
-                f"got {stopping_strategy!r}."
-            )
-        return _round_robin(datasets, stopping_strategy)
-    probabilities = [float(p) for p in probabilities]
-    if len(datasets) != len(probabilities):
-        raise ValueError(
-            f"interleave_datasets: the number of datasets ({len(datasets)}) and probabilities "
-            f"({len(probabilities)}) must be the same."
-        )
-    bad = [p for p in probabilities if not math.isfinite(p) or p < 0]
-    if bad:
-        raise ValueError(f"interleave_datasets: probabilities must be finite and >= 0, got {probabilities}.")
-    if datasets and abs(sum(probabilities) - 1.0) >= 1e-6:
-        raise ValueError(
-            f"interleave_datasets: probabilities must sum to 1.0, got {probabilities} "
-            f"(sum {sum(probabilities):.6g}); divide them by their sum."
-        )
-    if stopping_strategy not in ("first_exhausted", "all_exhausted"):
-        raise ValueError(
-            f"interleave_datasets: stopping_strategy must be 'first_exhausted' or 'all_exhausted', "
-            f"got {stopping_strategy!r}."
-        )
-    return _interleave(datasets, probabilities, seed, stopping_strategy)
-
-
-def _interleave(
-    datasets: list[Iterable], probabilities: list[float], seed: int | None, stopping_strategy: str
-) -> Iterator:
-    rng = random.Random(seed)
-    iterators = [iter(ds) for ds in datasets]
-    active = list(range(len(iterators)))
-    active_probabilities = list(probabilities)
-    while active:
-        if sum(active_probabilities) > 0:
-            k = rng.choices(range(len(active)), weights=active_probabilities, k=1)[0]
-        else:  # every remaining probability is 0: equal shares
-            k = rng.randrange(len(active))
-        item = next(iterators[active[k]], _END)
-        if item is not _END:
-            yield item
-            continue
-        if stopping_strategy == "first_exhausted":
-            return
-        active.pop(k)
-        active_probabilities.pop(k)
-        total = sum(active_probabilities)
-        if active_probabilities and total > 0:
-            active_probabilities = [p / total for p in active_probabilities]
-
-
-def _round_robin(datasets: list[Iterable], stopping_strategy: str) -> Iterator:
-    iterators = [iter(ds) for ds in datasets]
-    while iterators:
-        for iterator in list(iterators):
-            item = next(iterator, _END)
-            if item is not _END:
-                yield item
-                continue
-            if stopping_strategy == "first_exhausted":
-                return
-            iterators.remove(iterator)

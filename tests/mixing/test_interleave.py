@@ -1,4 +1,4 @@
-"""InterleavedDataset and interleave_datasets: weights, stopping strategies, sharding, exact resume."""
+"""InterleavedDataset: weights, stopping strategies, sharding, exact resume."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_tune_data.mixing.interleave import InterleavedDataset, interleave_datasets
+from lightning_tune_data.mixing.interleave import InterleavedDataset
 from lightning_tune_data.sources.memory import InMemoryStream
 
 WEIGHTS = {"a": 0.7, "b": 0.2, "c": 0.1}
@@ -348,65 +348,6 @@ def test_resume_on_fewer_shards_pays_back_what_the_old_shards_owed_each_source()
 def test_mix_by_must_be_documents_or_tokens():
     with pytest.raises(ValueError, match="mix_by='bytes'"):
         InterleavedDataset([_stream("a", 4)], [1.0], seed=0, mix_by="bytes")
-
-
-# ---------------------------------------------------------------- interleave_datasets
-
-
-def _gen(name: str, count: int):
-    return (f"{name}-{i}" for i in range(count))
-
-
-def test_interleave_datasets_all_exhausted_yields_every_item_exactly_once():
-    out = list(interleave_datasets([_gen("A", 5), _gen("B", 10), _gen("C", 3)], [0.6, 0.3, 0.1], seed=42,
-                                   stopping_strategy="all_exhausted"))
-    assert len(out) == 18
-    assert sorted(out) == sorted([f"A-{i}" for i in range(5)] + [f"B-{i}" for i in range(10)]
-                                 + [f"C-{i}" for i in range(3)])
-    assert [x for x in out if x[0] == "B"] == [f"B-{i}" for i in range(10)]
-
-
-def test_interleave_datasets_first_exhausted_stops_when_a_picked_source_is_empty():
-    out = list(interleave_datasets([range(5), range(100, 110)], [1.0, 0.0], seed=0))
-    assert out == [0, 1, 2, 3, 4]
-
-
-def test_interleave_datasets_renormalises_and_shares_equally_when_only_zero_weights_remain():
-    out = list(interleave_datasets([range(3), range(10, 14), range(20, 24)], [1.0, 0.0, 0.0], seed=1,
-                                   stopping_strategy="all_exhausted"))
-    assert out[:3] == [0, 1, 2]
-    assert sorted(out[3:]) == [10, 11, 12, 13, 20, 21, 22, 23]
-
-
-def test_interleave_datasets_is_reproducible_for_a_seed_and_works_on_any_iterable():
-    def run(seed):
-        return list(interleave_datasets([[1, 2, 3], "xyz", (9, 8)], [0.2, 0.5, 0.3], seed=seed,
-                                        stopping_strategy="all_exhausted"))
-    assert run(3) == run(3)
-    assert sorted(map(str, run(3))) == sorted(["1", "2", "3", "x", "y", "z", "9", "8"])
-    assert list(interleave_datasets([], [])) == []
-
-
-def test_interleave_datasets_validates_eagerly():
-    with pytest.raises(ValueError, match="must be the same"):
-        interleave_datasets([range(2)], [0.5, 0.5])
-    with pytest.raises(ValueError, match="must sum to 1.0"):
-        interleave_datasets([range(2), range(2)], [0.5, 0.6])
-    with pytest.raises(ValueError, match="stopping_strategy must be"):
-        interleave_datasets([range(2)], [1.0], stopping_strategy="infinite")
-    with pytest.raises(ValueError, match=">= 0"):
-        interleave_datasets([range(2), range(2)], [1.5, -0.5])
-
-
-def test_interleave_datasets_without_probabilities_alternates_like_the_datasets_library():
-    assert list(interleave_datasets([[1, 2, 3], [10, 20]])) == [1, 10, 2, 20, 3]
-    assert list(interleave_datasets([[1, 2, 3], [10]], stopping_strategy="all_exhausted")) == [1, 10, 2, 3]
-
-
-def test_interleave_datasets_shares_follow_probabilities():
-    big = [itertools.repeat(name) for name in WEIGHTS]
-    sources = list(itertools.islice(interleave_datasets(big, list(WEIGHTS.values()), seed=0), 20_000))
-    _assert_shares(sources)
 
 
 def test_resume_with_new_weights_follows_them_from_the_resume_on():

@@ -16,7 +16,8 @@ from lightning_tune_data.sources.arrow import ArrowSource
 from lightning_tune_data.sources.memory import InMemoryStream
 from lightning_tune_data.sources.base import TuneIterableDataset
 from lightning_tune_data.sources.hf_streaming import HFStreamingSource
-from lightning_tune_data.mixing.interleave import InterleavedDataset, interleave_datasets
+from lightning_tune_data.mixing.interleave import InterleavedDataset
+from lightning_tune_data.mixing.interleave_datasets import interleave_datasets
 from lightning_tune_data.packing.packer import IterablePackedDataset
 from lightning_tune_data.tokenizers import ByteTokenizer, TokenizerFileTokenizer, TransformersTokenizer
 

@@ -15,14 +15,14 @@ at that point, so the packer saves positions, never documents.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from lightning_tune_data.mixing.schedule import DrawSchedule
 from lightning_tune_data.packing.pieces import LENGTH_AT, PieceTokens, token_arrays
-
-if TYPE_CHECKING:
-    from lightning_tune_data.mixing.interleave import InterleavedDataset
+from lightning_tune_data.sources.base import TuneIterableDataset
 
 #: Documents a child reads per block.
 CHILD_BLOCK = 512
@@ -74,6 +74,7 @@ class MixedBlock:
         self.accounts: list[tuple[float, float]] = []
 
     def references(self) -> list[tuple]:
+        """Each draw's piece reference, in draw order (what the packer places)."""
         return self.refs
 
     @property
@@ -86,39 +87,47 @@ class MixedReader:
     """The block path of one mixture: its children's current blocks and the draws made from them.
 
     Args:
-        mixture: the mixture whose draw rule, accounts and children are used.
+        mixture_name: name of the mixture, for messages.
+        children: the mixture's child streams, in order.
+        schedule: the mixture's draw rule and accounts (the reads advance it as iteration does).
+        state_from: builds the mixture's state from a draw counter, the accounts and the
+            children's states.
     """
 
-    def __init__(self, mixture: InterleavedDataset) -> None:
-        self.mixture = mixture
-        self.cursors: list[ChildCursor | None] = [None] * len(mixture.datasets)
+    def __init__(self, mixture_name: str, children: list[TuneIterableDataset], schedule: DrawSchedule,
+                 state_from: Callable[[int, list[list[float]], dict[str, Any]], dict[str, Any]]) -> None:
+        self.mixture_name = mixture_name
+        self.children = children
+        self.schedule = schedule
+        self.state_from = state_from
+        self.cursors: list[ChildCursor | None] = [None] * len(children)
         self.stores: dict[str, Any] = {}  # every child block's, shared by the mixed blocks
-        mixture._total_tokens = sum(account[1] for account in mixture._consumed)  # as iteration starts
+        schedule.start_counting()  # as iteration starts
 
     def _child_position(self, index: int) -> Any:
         cursor = self.cursors[index]
         if cursor is None:
-            return self.mixture.datasets[index].state_dict()
+            return self.children[index].state_dict()
         return cursor.block, cursor.at
 
     def read(self, limit: int) -> MixedBlock:
         """The next ``limit`` draws of the mixture (it advances past them, like iteration)."""
-        mixture = self.mixture
-        children, cursors = mixture.datasets, self.cursors
-        block = MixedBlock(self.stores, mixture._draws, [list(account) for account in mixture._consumed],
+        schedule, children, cursors = self.schedule, self.children, self.cursors
+        block = MixedBlock(self.stores, schedule.draws, [list(account) for account in schedule.consumed],
                            [self._child_position(i) for i in range(len(children))])
         refs, tokens, chosen = block.refs, block.tokens, block.chosen
         child_blocks, positions, accounts = block.child_blocks, block.positions, block.accounts
-        candidates = mixture._candidates(list(range(len(children))))
+        candidates = schedule.candidates(list(range(len(children))))
+        draw, count = schedule.draw, schedule.count
         uniforms: list[Any] = [-1, None]
         for _ in range(limit):
-            index = mixture._draw(candidates, uniforms)
+            index = draw(candidates, uniforms)
             cursor = cursors[index]
             if cursor is None or cursor.at == len(cursor.refs):
                 child_block = children[index].read_block(CHILD_BLOCK)
                 if child_block is None:
                     raise RuntimeError(
-                        f"InterleavedDataset '{mixture.dataset_name}': child '{children[index].dataset_name}' "
+                        f"InterleavedDataset '{self.mixture_name}': child '{children[index].dataset_name}' "
                         "ended although it should be infinite."
                     )
                 cursor = cursors[index] = ChildCursor(child_block)
@@ -127,7 +136,7 @@ class MixedReader:
             refs.append(ref)
             tokens.append(cursor.block.tokens[cursor.at])
             cursor.at += 1
-            account = mixture._count(index, ref[LENGTH_AT])
+            account = count(index, ref[LENGTH_AT])
             chosen.append(index)
             child_blocks.append(cursor.block)
             positions.append(cursor.at)
@@ -136,8 +145,7 @@ class MixedReader:
 
     def state_after(self, block: MixedBlock, documents: int) -> dict[str, Any]:
         """The mixture's state after the first ``documents`` draws of ``block``."""
-        mixture = self.mixture
-        count = len(mixture.datasets)
+        count = len(self.children)
         accounts: list[Any] = [None] * count
         children: list[Any] = [None] * count
         found = 0
@@ -150,10 +158,10 @@ class MixedReader:
                 if found == count:
                     break
         states: dict[str, Any] = {}
-        for index, child in enumerate(mixture.datasets):
+        for index, child in enumerate(self.children):
             if accounts[index] is None:
                 accounts[index] = list(block.accounts_start[index])
                 children[index] = block.children_start[index]
             position = children[index]
             states.update(child.state_after_block(*position) if isinstance(position, tuple) else position)
-        return mixture.state_from(block.draws_start + documents, accounts, states)
+        return self.state_from(block.draws_start + documents, accounts, states)

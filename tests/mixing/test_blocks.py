@@ -8,9 +8,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lightning_tune_data.sources.arrow import ArrowSource
+from lightning_tune_data.mixing.blocks import MixedReader
 from lightning_tune_data.mixing.interleave import InterleavedDataset
+from lightning_tune_data.mixing.schedule import DrawSchedule
 from lightning_tune_data.packing.packer import IterablePackedDataset
+from lightning_tune_data.settings import StreamSettings
+from lightning_tune_data.sources.arrow import ArrowSource
 
 
 def _table(num_rows: int, seed: int) -> pa.Table:
@@ -116,3 +119,25 @@ def test_a_nested_mixture_reads_blocks_and_draws_what_iteration_draws() -> None:
             assert block.refs[k][:3] == (sample["source"], sample["source_row"], sample["epoch"])
             if k % 50 == 0:
                 assert by_block.state_after_block(block, k + 1) == by_document.state_dict()
+
+
+def test_a_reader_advances_the_schedule_it_is_given_and_builds_states_through_its_callback() -> None:
+    children = [ArrowSource(table, name, seed=5, max_seq_len=64) for name, table in TABLES.items()]
+    schedule = DrawSchedule("interleaved", list(TABLES), [0.5, 0.3, 0.2], "tokens", StreamSettings(seed=9))
+    reader = MixedReader("interleaved", children, schedule,
+                         lambda draws, accounts, states: {"draws": draws, "accounts": accounts, "children": states})
+    block = reader.read(150)
+    assert block.refs == _mixture("tokens", "truncate").read_block(150).refs
+    assert schedule.draws == 150
+    assert schedule.consumed == [list(block.accounts[max(k for k, c in enumerate(block.chosen) if c == i)])
+                                 for i in range(3)]
+    assert schedule.total_tokens == sum(ref[4] for ref in block.refs)
+    state = reader.state_after(block, 40)
+    assert state["draws"] == 40 and set(state["children"]) == set(TABLES)
+    assert sum(account[0] for account in state["accounts"]) == 40
+
+
+def test_state_after_a_block_the_mixture_did_not_read_is_refused() -> None:
+    block = _mixture("documents", "truncate").read_block(3)
+    with pytest.raises(ValueError, match="this block was not read by this mixture"):
+        _mixture("documents", "truncate").state_after_block(block, 1)

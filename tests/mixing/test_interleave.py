@@ -1,19 +1,21 @@
-"""InterleavedDataset and interleave_datasets: weights, stopping strategies, sharding, exact resume."""
+"""InterleavedDataset: shares across shards, argument checks, settings, exact resume and its state."""
 
 from __future__ import annotations
 
 import collections
 import io
 import itertools
-import logging
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_tune_data.mixing.interleave import InterleavedDataset, interleave_datasets
+from lightning_tune_data.mixing.interleave import InterleavedDataset
+from lightning_tune_data.settings import StreamSettings
+from lightning_tune_data.sources.arrow import ArrowSource
 from lightning_tune_data.sources.memory import InMemoryStream
 
 WEIGHTS = {"a": 0.7, "b": 0.2, "c": 0.1}
@@ -87,34 +89,7 @@ def test_same_seed_same_sequence_and_different_seed_different_sequence():
     assert first != other
 
 
-def test_weights_are_normalised_with_a_warning_and_exposed_by_name(caplog):
-    with caplog.at_level(logging.WARNING, logger="lightning_tune_data.mixing.interleave"):
-        ds = InterleavedDataset([_stream("a", 4), _stream("b", 4)], [3, 1], seed=0)
-    assert ds.weights == {"a": 0.75, "b": 0.25}
-    assert "normalised weights" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="lightning_tune_data.mixing.interleave"):
-        InterleavedDataset([_stream("a", 4), _stream("b", 4)], [0.5, 0.5], seed=0)
-    assert caplog.text == ""
-
-
-def test_zero_weight_child_is_never_drawn_in_an_infinite_mixture():
-    ds = InterleavedDataset([_stream("a", 4), _stream("b", 4)], [1.0, 0.0], seed=0)
-    assert {s["source"] for s in itertools.islice(ds, 500)} == {"a"}
-
-
 # ---------------------------------------------------------------- validation
-
-
-def test_duplicate_child_names_are_rejected_listing_the_duplicates():
-    with pytest.raises(ValueError, match=r"duplicate child dataset names \['a'\]"):
-        InterleavedDataset([_stream("a", 4), _stream("b", 4), _stream("a", 5)], [1, 1, 1], seed=0)
-
-
-@pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf"), "0.5", None])
-def test_invalid_weight_is_rejected_naming_the_child(bad):
-    with pytest.raises(ValueError, match=rf"weight .* of child 'b' is invalid"):
-        InterleavedDataset([_stream("a", 4), _stream("b", 4)], [1.0, bad], seed=0)
 
 
 def test_weights_summing_to_zero_length_mismatch_and_unknown_strategy_are_rejected():
@@ -128,65 +103,60 @@ def test_weights_summing_to_zero_length_mismatch_and_unknown_strategy_are_reject
         InterleavedDataset([], [], seed=0)
 
 
-# ---------------------------------------------------------------- stopping strategies
+def test_mix_by_must_be_documents_or_tokens():
+    with pytest.raises(ValueError, match="mix_by='bytes'"):
+        InterleavedDataset([_stream("a", 4)], [1.0], seed=0, mix_by="bytes")
 
 
-def _finite(lengths: dict[str, int]) -> list[InMemoryStream]:
-    return [_stream(n, k, seed=i, num_passes=1) for i, (n, k) in enumerate(lengths.items())]
+def test_rank_outside_world_size_is_rejected_naming_both():
+    with pytest.raises(ValueError, match="need 0 <= rank < world_size, got rank=2, world_size=2"):
+        InterleavedDataset([_stream("a", 4)], [1.0], seed=0, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="got rank=0, world_size=0"):
+        InterleavedDataset([_stream("a", 4)], [1.0], seed=0, world_size=0)
 
 
-def test_all_exhausted_yields_every_sample_exactly_once_with_each_source_in_order():
-    lengths = {"a": 5, "b": 10, "c": 3}
-    ds = InterleavedDataset(_finite(lengths), [0.6, 0.3, 0.1], seed=4, stopping_strategy="all_exhausted")
-    out = list(ds)
-    assert len(out) == 18
-    expected = {s["input_ids"][0] for child in _finite(lengths) for s in child}
-    assert sorted(s["input_ids"][0] for s in out) == sorted(expected)
-    for child in _finite(lengths):  # interleaving keeps each source's own order
-        assert [s["input_ids"][0] for s in out if s["source"] == child.dataset_name] == [
-            s["input_ids"][0] for s in child
-        ]
+# ---------------------------------------------------------------- settings
 
 
-def test_all_exhausted_renormalises_so_a_zero_weight_child_comes_after_the_others():
-    ds = InterleavedDataset([_stream("a", 5, shuffle=False, num_passes=1),
-                             _stream("b", 4, shuffle=False, num_passes=1)],
-                            [1.0, 0.0], seed=0, stopping_strategy="all_exhausted")
-    assert [int(s["input_ids"][0]) for s in ds] == [0, 1, 2, 3, 4, 10_000, 10_001, 10_002, 10_003]
+def _arrow_children(rank: int, world_size: int) -> list[ArrowSource]:
+    tables = {name: pa.table({"input_ids": pa.array([[k] * (1 + (k * 7) % 40) for k in range(base, base + 90)],
+                                                    type=pa.list_(pa.int32()))})
+              for name, base in (("web", 0), ("code", 1000))}
+    return [ArrowSource(table, name, seed=2, rank=rank, world_size=world_size) for name, table in tables.items()]
 
 
-def test_first_exhausted_stops_at_the_first_exhausted_child_exactly():
-    ds = InterleavedDataset([_stream("a", 5, shuffle=False, num_passes=1),
-                             _stream("b", 4, shuffle=False, num_passes=1)],
-                            [1.0, 0.0], seed=0, stopping_strategy="first_exhausted")
-    assert [int(s["input_ids"][0]) for s in ds] == [0, 1, 2, 3, 4]
+def test_settings_give_bitwise_the_stream_and_states_the_keywords_give():
+    for rank, world_size in ((0, 1), (1, 2), (2, 3)):
+        by_keywords = InterleavedDataset(_arrow_children(rank, world_size), [0.6, 0.4], seed=-17, rank=rank,
+                                         world_size=world_size, mix_by="tokens")
+        settings = StreamSettings(seed=-17, rank=rank, world_size=world_size)
+        by_settings = InterleavedDataset(_arrow_children(rank, world_size), [0.6, 0.4], settings=settings,
+                                         mix_by="tokens")
+        assert by_settings.settings is settings and by_keywords.settings == settings
+        assert (by_settings.rank, by_settings.world_size) == (rank, world_size)
+        for a, b in zip(itertools.islice(by_keywords, 700), itertools.islice(by_settings, 700), strict=True):
+            assert _key(a) == _key(b) and a["source_row"] == b["source_row"]
+            assert a["input_ids"].dtype == b["input_ids"].dtype
+        assert by_keywords.state_dict() == by_settings.state_dict()
+        # the packer's block path draws the same too
+        blocks = [ds.read_block(300) for ds in (by_keywords, by_settings)]
+        assert blocks[0].refs == blocks[1].refs
+        for a, b in zip(*(block.input_ids for block in blocks), strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert by_keywords.state_after_block(blocks[0], 123) == by_settings.state_after_block(blocks[1], 123)
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_first_exhausted_stops_at_the_first_draw_of_an_exhausted_child(seed):
-    lengths = {"a": 30, "b": 8, "c": 12}
-    ds = InterleavedDataset(_finite(lengths), [0.5, 0.3, 0.2], seed=seed, stopping_strategy="first_exhausted")
-    out = list(ds)
-    counts = collections.Counter(s["source"] for s in out)
-    state = ds.state_dict()["interleaved"]
-    (ended,) = [n for n, done in state["exhausted"].items() if done]
-    assert counts[ended] == lengths[ended]  # the child that ended was fully consumed ...
-    assert all(counts[n] <= lengths[n] for n in lengths)
-    assert state["draws"] == len(out) + 1  # ... and the very next draw of it stopped the stream
-    assert state["children"][ended]["walk"]["plan"]["epoch"] == 1
-
-
-def test_infinite_strategy_restarts_a_finite_child_with_a_warning(caplog):
-    ds = InterleavedDataset([_stream("a", 3, num_passes=1), _stream("b", 100)], [0.5, 0.5], seed=0)
-    with caplog.at_level(logging.WARNING, logger="lightning_tune_data.mixing.interleave"):
-        out = list(itertools.islice(ds, 60))
-    assert sum(s["source"] == "a" for s in out) > 3
-    assert "child 'a' ended" in caplog.text
-
-
-def test_a_finished_finite_mixture_replays_from_the_start_when_iterated_again():
-    ds = InterleavedDataset(_finite({"a": 5, "b": 7}), [0.5, 0.5], seed=9, stopping_strategy="all_exhausted")
-    assert [_key(s) for s in ds] == [_key(s) for s in ds]
+def test_settings_with_contradicting_keywords_or_no_seed_at_all_are_refused():
+    settings = StreamSettings(seed=3, rank=1, world_size=2)
+    same = InterleavedDataset([_stream("a", 4, rank=1, world_size=2)], [1.0], seed=3, rank=1, world_size=2,
+                              settings=settings)
+    assert same.settings is settings
+    with pytest.raises(ValueError, match=r"\{'seed': 4\} contradict settings"):
+        InterleavedDataset([_stream("a", 4)], [1.0], seed=4, settings=settings)
+    with pytest.raises(ValueError, match=r"\{'rank': 0, 'world_size': 1\} contradict settings"):
+        InterleavedDataset([_stream("a", 4)], [1.0], rank=0, world_size=1, settings=settings)
+    with pytest.raises(TypeError, match="needs a seed"):
+        InterleavedDataset([_stream("a", 4)], [1.0])
 
 
 # ---------------------------------------------------------------- state
@@ -196,6 +166,10 @@ def _nested(rank: int = 0) -> InterleavedDataset:
     inner = InterleavedDataset([_stream("x", 7, seed=5), _stream("y", 9, seed=6)], [0.5, 0.5], seed=1,
                                dataset_name="inner")
     return InterleavedDataset([_stream("a", 11, seed=2), inner], [0.4, 0.6], seed=1, rank=rank)
+
+
+def _finite(lengths: dict[str, int]) -> list[InMemoryStream]:
+    return [_stream(n, k, seed=i, num_passes=1) for i, (n, k) in enumerate(lengths.items())]
 
 
 def _finite_all() -> InterleavedDataset:
@@ -278,144 +252,3 @@ def test_state_size_does_not_grow_with_the_number_of_draws():
     small = len(repr(ds.state_dict()))
     list(itertools.islice(it, 20_000))
     assert len(repr(ds.state_dict())) <= small + 80  # only counters and accounts get more digits
-
-
-def test_loading_a_state_without_a_child_names_the_missing_child():
-    saved = InterleavedDataset([_stream("a", 4), _stream("b", 4)], [1, 1], seed=0).state_dict()
-    other = InterleavedDataset([_stream("a", 4), _stream("c", 4)], [1, 1], seed=0)
-    with pytest.raises(KeyError, match=r"children \['c'\]"):
-        other.load_state_dict(saved)
-
-
-def test_loading_a_state_with_other_weights_warns(caplog):
-    saved = InterleavedDataset([_stream("a", 4), _stream("b", 4)], [0.5, 0.5], seed=0).state_dict()
-    ds = InterleavedDataset([_stream("a", 4), _stream("b", 4)], [0.9, 0.1], seed=0)
-    with caplog.at_level(logging.WARNING, logger="lightning_tune_data.mixing.interleave"):
-        ds.load_state_dict(saved)
-    assert "written with weights" in caplog.text
-
-
-# ---------------------------------------------------------------- token weights and elastic accounts
-
-
-def _lengths_stream(name: str, n: int, mean_length: int, seed: int, rank: int = 0, world_size: int = 1) -> InMemoryStream:
-    rng = np.random.default_rng(seed)
-    lengths = np.maximum(1, rng.lognormal(np.log(mean_length), 0.5, n).astype(int))
-    return InMemoryStream([[7] * int(k) for k in lengths], name, seed=seed, rank=rank, world_size=world_size)
-
-
-def test_token_weights_hold_within_a_hundredth_over_20k_documents_with_20x_longer_documents():
-    weights = {"short": 0.3, "long": 0.5, "mid": 0.2}
-    children = [_lengths_stream("short", 3000, 20, 1), _lengths_stream("long", 3000, 400, 2),
-                _lengths_stream("mid", 3000, 100, 3)]
-    ds = InterleavedDataset(children, list(weights.values()), seed=5, mix_by="tokens")
-    tokens = collections.Counter()
-    for sample in itertools.islice(ds, 20_000):
-        tokens[sample["source"]] += len(sample["input_ids"])
-    total = sum(tokens.values())
-    for name, weight in weights.items():
-        assert abs(tokens[name] / total - weight) <= 0.01, (name, tokens[name] / total)
-    documents = ds.state_dict()["interleaved"]["consumed"]
-    assert documents["short"]["documents"] > 10 * documents["long"]["documents"]  # same tokens, far more docs
-
-
-def test_token_weighted_mix_resumes_exactly():
-    def build():
-        return InterleavedDataset([_lengths_stream("s", 500, 10, 1), _lengths_stream("l", 500, 200, 2)], [0.5, 0.5],
-                                  seed=3, mix_by="tokens")
-
-    reference = [_key(s) for s in itertools.islice(build(), 900)]
-    ds = build()
-    head = [_key(s) for s in itertools.islice(ds, 333)]
-    resumed = build()
-    resumed.load_state_dict(_roundtrip(ds.state_dict()))
-    assert head + [_key(s) for s in itertools.islice(resumed, 900 - 333)] == reference
-
-
-def test_resume_on_fewer_shards_pays_back_what_the_old_shards_owed_each_source():
-    old = [_mixture(rank=r, world_size=2) for r in range(2)]
-    counts = collections.Counter()
-    for stream, draws in zip(old, (13, 29)):  # partial blocks: each shard is a little off its weights
-        counts.update(s["source"] for s in itertools.islice(stream, draws))
-    merged = _mixture()
-    merged.load_shard_states([s.state_dict() for s in old])
-    counts.update(s["source"] for s in itertools.islice(merged, 2000 - 42))
-    for name, weight in WEIGHTS.items():
-        assert abs(counts[name] / 2000 - weight) <= 0.01
-    assert merged.state_dict()["interleaved"]["consumed"]["a"]["documents"] == counts["a"]
-
-
-def test_mix_by_must_be_documents_or_tokens():
-    with pytest.raises(ValueError, match="mix_by='bytes'"):
-        InterleavedDataset([_stream("a", 4)], [1.0], seed=0, mix_by="bytes")
-
-
-# ---------------------------------------------------------------- interleave_datasets
-
-
-def _gen(name: str, count: int):
-    return (f"{name}-{i}" for i in range(count))
-
-
-def test_interleave_datasets_all_exhausted_yields_every_item_exactly_once():
-    out = list(interleave_datasets([_gen("A", 5), _gen("B", 10), _gen("C", 3)], [0.6, 0.3, 0.1], seed=42,
-                                   stopping_strategy="all_exhausted"))
-    assert len(out) == 18
-    assert sorted(out) == sorted([f"A-{i}" for i in range(5)] + [f"B-{i}" for i in range(10)]
-                                 + [f"C-{i}" for i in range(3)])
-    assert [x for x in out if x[0] == "B"] == [f"B-{i}" for i in range(10)]
-
-
-def test_interleave_datasets_first_exhausted_stops_when_a_picked_source_is_empty():
-    out = list(interleave_datasets([range(5), range(100, 110)], [1.0, 0.0], seed=0))
-    assert out == [0, 1, 2, 3, 4]
-
-
-def test_interleave_datasets_renormalises_and_shares_equally_when_only_zero_weights_remain():
-    out = list(interleave_datasets([range(3), range(10, 14), range(20, 24)], [1.0, 0.0, 0.0], seed=1,
-                                   stopping_strategy="all_exhausted"))
-    assert out[:3] == [0, 1, 2]
-    assert sorted(out[3:]) == [10, 11, 12, 13, 20, 21, 22, 23]
-
-
-def test_interleave_datasets_is_reproducible_for_a_seed_and_works_on_any_iterable():
-    def run(seed):
-        return list(interleave_datasets([[1, 2, 3], "xyz", (9, 8)], [0.2, 0.5, 0.3], seed=seed,
-                                        stopping_strategy="all_exhausted"))
-    assert run(3) == run(3)
-    assert sorted(map(str, run(3))) == sorted(["1", "2", "3", "x", "y", "z", "9", "8"])
-    assert list(interleave_datasets([], [])) == []
-
-
-def test_interleave_datasets_validates_eagerly():
-    with pytest.raises(ValueError, match="must be the same"):
-        interleave_datasets([range(2)], [0.5, 0.5])
-    with pytest.raises(ValueError, match="must sum to 1.0"):
-        interleave_datasets([range(2), range(2)], [0.5, 0.6])
-    with pytest.raises(ValueError, match="stopping_strategy must be"):
-        interleave_datasets([range(2)], [1.0], stopping_strategy="infinite")
-    with pytest.raises(ValueError, match=">= 0"):
-        interleave_datasets([range(2), range(2)], [1.5, -0.5])
-
-
-def test_interleave_datasets_without_probabilities_alternates_like_the_datasets_library():
-    assert list(interleave_datasets([[1, 2, 3], [10, 20]])) == [1, 10, 2, 20, 3]
-    assert list(interleave_datasets([[1, 2, 3], [10]], stopping_strategy="all_exhausted")) == [1, 10, 2, 3]
-
-
-def test_interleave_datasets_shares_follow_probabilities():
-    big = [itertools.repeat(name) for name in WEIGHTS]
-    sources = list(itertools.islice(interleave_datasets(big, list(WEIGHTS.values()), seed=0), 20_000))
-    _assert_shares(sources)
-
-
-def test_resume_with_new_weights_follows_them_from_the_resume_on():
-    def build(weights):
-        return InterleavedDataset([_stream("a", 200), _stream("b", 200)], weights, seed=4)
-
-    old = build([0.9, 0.1])
-    list(itertools.islice(old, 1000))
-    new = build([0.1, 0.9])
-    new.load_state_dict(old.state_dict())
-    counts = collections.Counter(s["source"] for s in itertools.islice(new, 200))
-    assert abs(counts["a"] / 200 - 0.1) < 0.03  # no payback of the old 0.9 share

@@ -61,6 +61,7 @@ def tensorboard_layout(prefix: str = "dataset") -> dict[str, dict[str, list]]:
         prefix: First path component of the dataset metrics' tags.
     """
     def chart(metric: str) -> list:
+        """One chart with every source's ``metric``."""
         return ["Multiline", [rf"^{prefix}/[^/]+/{metric}$"]]
 
     return {

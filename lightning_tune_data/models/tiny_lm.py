@@ -55,7 +55,12 @@ class _Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The block's output ``[B, L, d_model]`` for hidden states ``x`` and a boolean attention ``mask``."""
+        """The block's output ``[B, L, d_model]``.
+
+        Args:
+            x: Hidden states ``[B, L, d_model]``.
+            mask: Boolean attention mask ``[B, 1, L, L]`` (``True`` where a query may attend a key).
+        """
         batch, length, width = x.shape
         q, k, v = self.qkv(self.norm1(x)).split(width, dim=-1)
         q, k, v = (t.view(batch, length, self.n_heads, -1).transpose(1, 2) for t in (q, k, v))

@@ -19,6 +19,7 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The command's argument parser."""
     parser = argparse.ArgumentParser(
         prog="lightning-tune-data report",
         description="Write a data report (report.md + PNG charts) from a fit config or from a run's metrics.csv.",
@@ -34,7 +35,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    """Parse ``argv``, write the report and print where it is; returns the exit code."""
+    """Parse ``argv``, write the report and print where it is; returns the exit code.
+
+    Args:
+        argv: The command's arguments (without the program and command names).
+
+    Returns:
+        0 once the report is written, 2 when the config, the metrics file or the data is unusable
+        (the problem is printed to stderr).
+    """
     args = _parser().parse_args(argv)
     from lightning_tune_data.report.write import write_batch_report, write_metrics_report
 

@@ -1,37 +1,60 @@
 """Turn the provenance side channel of train batches into per-source and whole-stream metrics.
 
 :class:`DatasetMetricsAggregator` keeps, in the main process of each rank, one set of collectors
-per train source plus one for the whole stream, and packing counters. ``compute(distributed=True)``
+per train source plus one for the whole stream (:class:`SourceCollectors`), the packing counters
+(:class:`PackingCounts`), the mix of the last batches (:class:`RecentMix`) and the length policy's
+counts (:class:`LengthPolicyCounts`); its state nests theirs. ``compute(distributed=True)``
 reduces them across DDP ranks with a single ``all_gather_object``: counters are summed,
 ``epochs_completed`` is the max, and distributions are computed from the union of the ranks'
-windows (never by averaging per-rank percentiles). Memory is bounded by (number of sources x window size), whatever the
-length of the run.
+windows (never by averaging per-rank percentiles). Memory is bounded by (number of sources x window
+size), whatever the length of the run.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from lightning_tune_data.metrics.collector import MetricCollector, StandardMetricCollector
-from lightning_tune_data.metrics.window import LENGTH_POLICY_METRICS, LengthPolicyCounts, RecentMix
+from lightning_tune_data.keys import DROPPED_BEFORE, EPOCH, NEW_DOCUMENT, PROVENANCE_FIELDS, SOURCE, TOKENS, TRUNCATED_TOKENS
+from lightning_tune_data.metrics.collector import (
+    SAMPLES_SEEN,
+    TOKENS_SEEN,
+    CollectorsFactory,
+    MetricsDict,
+    StandardMetricCollector,
+)
+from lightning_tune_data.metrics.length_policy import LENGTH_POLICY_METRICS, LengthPolicyCounts
+from lightning_tune_data.metrics.packing_counts import PackingCounts
+from lightning_tune_data.metrics.recent_mix import RecentMix
+from lightning_tune_data.metrics.source_collectors import SourceCollectors
 
-__all__ = ["DatasetMetricsAggregator", "CollectorsFactory", "PROVENANCE_FIELDS"]
+__all__ = [
+    "COLLECTORS",
+    "CollectorsFactory",
+    "DatasetMetricsAggregator",
+    "LENGTH_POLICY",
+    "PACKING",
+    "PROVENANCE_FIELDS",
+    "RECENT",
+    "STREAM_NAME",
+    "tidy_weight",
+]
 
-#: A factory building the collector(s) for one dataset name.
-CollectorsFactory = Callable[[str], Union[MetricCollector, Sequence[MetricCollector]]]
-
-#: Fields of ``batch["provenance"]`` (one list entry per document piece in the batch).
-PROVENANCE_FIELDS = ("source", "epoch", "tokens", "row", "new_document", "truncated_tokens", "dropped_before")
-
-_PACKING_KEYS = ("total_positions", "padding_positions", "packed_rows", "packed_row_docs")
-
-MetricsDict = dict[str, dict[str, dict[str, Any]]]
+# Keys of the aggregator's state; each child's state is nested under its key as the child wrote it.
+#: The stream's name (a state only loads into an aggregator of the same ``stream_name``).
+STREAM_NAME = "stream_name"
+#: :meth:`SourceCollectors.state_dict`: ``{name: [state of each collector]}``.
+COLLECTORS = "collectors"
+#: :meth:`PackingCounts.state_dict`.
+PACKING = "packing"
+#: :meth:`RecentMix.state_dict`.
+RECENT = "recent"
+#: :meth:`LengthPolicyCounts.state_dict`.
+LENGTH_POLICY = "length_policy"
 
 
 def _as_list(values: Any) -> list:
@@ -45,19 +68,12 @@ def _as_list(values: Any) -> list:
     return list(values)
 
 
-def _merge_into(out: MetricsDict, metrics: Mapping[str, Mapping[str, Any]]) -> None:
-    """Merge one collector's ``get_metrics()`` output into ``out`` (metrics of the same name are united).
+def tidy_weight(weight: float) -> float:
+    """A normalised weight as people write it: ``0.1``, not ``0.09999999999999999`` (10 significant digits).
 
     Args:
-        out: Accumulated metrics (modified in place).
-        metrics: One collector's ``get_metrics()`` output.
+        weight: The weight.
     """
-    for name, entry in metrics.items():
-        out.setdefault(name, {"metrics": {}})["metrics"].update(dict(entry.get("metrics", {})))
-
-
-def tidy_weight(weight: float) -> float:
-    """A normalised weight as people write it: ``0.1``, not ``0.09999999999999999`` (10 significant digits)."""
     return float(f"{weight:.10g}")
 
 
@@ -69,8 +85,8 @@ def _is_dist() -> bool:
 class DatasetMetricsAggregator:
     """Per-source and whole-stream dataset metrics from batch provenance.
 
-    Metrics (seed-000 format ``{name: {"metrics": {...}}}``), for each source name and for
-    ``stream_name``: whatever the collectors report (by default :class:`StandardMetricCollector`'s
+    Metrics (``{name: {"metrics": {...}}}``), for each source name and for ``stream_name``:
+    whatever the collectors report (by default :class:`StandardMetricCollector`'s
     ``samples_seen``, ``tokens_seen``, ``epochs_completed``, ``seq_len_*``). Sources also get
     ``share`` (their fraction of the stream's ``samples_seen``, i.e. the realised mixture),
     ``token_share`` (fraction of ``tokens_seen``) and, when known, ``target_weight``. The stream gets
@@ -103,17 +119,14 @@ class DatasetMetricsAggregator:
         if not isinstance(stream_name, str) or not stream_name:
             raise ValueError(f"DatasetMetricsAggregator: stream_name must be a non-empty string, got {stream_name!r}.")
         self.stream_name = stream_name
-        self._factory = collectors_factory
-        self._collectors: dict[str, list[MetricCollector]] = {}
-        self._packing = dict.fromkeys(_PACKING_KEYS, 0)
+        self._collectors = SourceCollectors(collectors_factory)
+        self._packing = PackingCounts()
         self._recent = RecentMix(window)
         self._length_policy = LengthPolicyCounts()
-        self._warned_unmergeable: set[str] = set()
         self.source_weights: dict[str, float] = {}
-        self._collectors_for(stream_name)
+        self._collectors.collectors_for(stream_name)
         self.set_source_weights(source_weights)
 
-    # ------------------------------------------------------------------ setup
     def set_source_weights(self, source_weights: Mapping[str, float] | None) -> None:
         """Set (or clear with ``None``) the target weight per source; they are normalised to sum to 1.
 
@@ -136,66 +149,42 @@ class DatasetMetricsAggregator:
         total = sum(weights.values())
         self.source_weights = {k: w / total for k, w in weights.items()}
         for name in self.source_weights:
-            self._collectors_for(name)
-
-    def _build(self, name: str) -> list[MetricCollector]:
-        """New collector(s) for ``name`` from the factory, as a list.
-
-        Args:
-            name: Source or stream name.
-        """
-        built = self._factory(name)
-        collectors = list(built) if isinstance(built, Sequence) else [built]
-        if not collectors:
-            raise ValueError(f"DatasetMetricsAggregator: collectors_factory('{name}') returned no collector.")
-        return collectors
-
-    def _collectors_for(self, name: str) -> list[MetricCollector]:
-        """This rank's collectors for ``name``, created on first use.
-
-        Args:
-            name: Source or stream name.
-        """
-        collectors = self._collectors.get(name)
-        if collectors is None:
-            collectors = self._collectors[name] = self._build(name)
-        return collectors
+            self._collectors.collectors_for(name)
 
     @property
     def names(self) -> list[str]:
         """Names with collectors on this rank: the stream first, then sources in order of appearance."""
-        return list(self._collectors)
+        return self._collectors.names
 
-    # ------------------------------------------------------------------ updates
     def update(self, provenance: Mapping[str, Any], batch: Mapping[str, Any] | None = None) -> None:
         """Account for one train batch.
 
         Args:
             provenance: ``batch["provenance"]``: columns ``source`` and ``tokens`` (required),
-                ``epoch`` (default 0), ``new_document`` (default True), ``row``; one entry per document
-                piece in the batch.
+                ``epoch`` (default 0), ``new_document`` (default True), ``truncated_tokens`` and
+                ``dropped_before`` (default 0), ``row``; one entry per document piece in the batch.
             batch: The batch itself, for padding and packing statistics (``attention_mask`` and, in
                 packed batches, ``document_ids``); optional.
         """
-        for field in ("source", "tokens"):
+        for field in (SOURCE, TOKENS):
             if field not in provenance:
                 raise KeyError(
                     f"DatasetMetricsAggregator.update: provenance has no '{field}' column (got {sorted(provenance)}); "
                     f"expected the columns {PROVENANCE_FIELDS}."
                 )
-        sources = [str(s) for s in _as_list(provenance["source"])]
-        tokens = [int(t) for t in _as_list(provenance["tokens"])]
+        sources = [str(s) for s in _as_list(provenance[SOURCE])]
+        tokens = [int(t) for t in _as_list(provenance[TOKENS])]
         n = len(sources)
-        epochs = [int(e) for e in _as_list(provenance["epoch"])] if "epoch" in provenance else [0] * n
-        new_doc = [bool(f) for f in _as_list(provenance["new_document"])] if "new_document" in provenance else [True] * n
-        truncated = [int(t) for t in _as_list(provenance["truncated_tokens"])] if "truncated_tokens" in provenance else [0] * n
-        dropped = [int(d) for d in _as_list(provenance["dropped_before"])] if "dropped_before" in provenance else [0] * n
-        for field, column in (("tokens", tokens), ("epoch", epochs), ("new_document", new_doc),
-                              ("truncated_tokens", truncated), ("dropped_before", dropped)):
+        epochs = [int(e) for e in _as_list(provenance[EPOCH])] if EPOCH in provenance else [0] * n
+        new_doc = [bool(f) for f in _as_list(provenance[NEW_DOCUMENT])] if NEW_DOCUMENT in provenance else [True] * n
+        truncated = [int(t) for t in _as_list(provenance[TRUNCATED_TOKENS])] if TRUNCATED_TOKENS in provenance else [0] * n
+        dropped = [int(d) for d in _as_list(provenance[DROPPED_BEFORE])] if DROPPED_BEFORE in provenance else [0] * n
+        for field, column in ((TOKENS, tokens), (EPOCH, epochs), (NEW_DOCUMENT, new_doc),
+                              (TRUNCATED_TOKENS, truncated), (DROPPED_BEFORE, dropped)):
             if len(column) != n:
                 raise ValueError(
                     f"DatasetMetricsAggregator.update: provenance column '{field}' has {len(column)} entries but "
-                    f"'source' has {n}; every column needs one entry per document piece."
+                    f"'{SOURCE}' has {n}; every column needs one entry per document piece."
                 )
         if self.stream_name in sources:
             raise ValueError(
@@ -206,55 +195,19 @@ class DatasetMetricsAggregator:
         groups: dict[str, list[int]] = {}
         for i, source in enumerate(sources):
             groups.setdefault(source, []).append(i)
-        self._feed(self.stream_name, tokens, epochs, new_doc)
+        collectors = self._collectors
+        collectors.feed(self.stream_name, tokens, epochs, new_doc)
         for source, idx in groups.items():
             if len(idx) == n:
-                self._feed(source, tokens, epochs, new_doc)
+                collectors.feed(source, tokens, epochs, new_doc)
             else:
-                self._feed(source, [tokens[i] for i in idx], [epochs[i] for i in idx], [new_doc[i] for i in idx])
+                collectors.feed(source, [tokens[i] for i in idx], [epochs[i] for i in idx], [new_doc[i] for i in idx])
 
         self._recent.add_batch(sources, tokens, new_doc)
         self._length_policy.add(sources, truncated, dropped, new_doc)
         if batch is not None:
-            self._update_packing(batch, n)
+            self._packing.add(batch, n)
 
-    def _feed(self, name: str, tokens: list[int], epochs: list[int], new_doc: list[bool]) -> None:
-        """Give records (as columns) to the collectors of ``name``; uses ``update_many`` when available.
-
-        Args:
-            name: Source or stream name.
-            tokens: Tokens per record.
-            epochs: Epoch per record.
-            new_doc: New-document flag per record.
-        """
-        for collector in self._collectors_for(name):
-            update_many = getattr(collector, "update_many", None)
-            if update_many is not None:
-                update_many(tokens, epochs, new_doc)
-            else:
-                for t, e, f in zip(tokens, epochs, new_doc):
-                    collector.update_metrics({"source": name, "tokens": t, "epoch": e, "new_document": f})
-
-    def _update_packing(self, batch: Mapping[str, Any], num_records: int) -> None:
-        """Count positions, padding and (for packed batches) rows and document pieces.
-
-        Args:
-            batch: The batch (``attention_mask`` and/or ``document_ids`` are read).
-            num_records: Provenance records (document pieces) in the batch.
-        """
-        mask = batch.get("attention_mask")
-        doc_ids = batch.get("document_ids")
-        if isinstance(mask, torch.Tensor):
-            self._packing["total_positions"] += mask.numel()
-            self._packing["padding_positions"] += int((mask == 0).sum())
-        elif isinstance(doc_ids, torch.Tensor):
-            self._packing["total_positions"] += doc_ids.numel()
-            self._packing["padding_positions"] += int((doc_ids < 0).sum())
-        if isinstance(doc_ids, torch.Tensor):
-            self._packing["packed_rows"] += doc_ids.shape[0] if doc_ids.dim() > 1 else 1
-            self._packing["packed_row_docs"] += num_records
-
-    # ------------------------------------------------------------------ reporting
     def _derived(self, out: MetricsDict, packing: Mapping[str, int], recent: Sequence[Mapping[str, Any]],
                  length_policy: Sequence[Mapping[str, Any]]) -> MetricsDict:
         """Add share / window / length-policy / target weight / packing metrics to merged collector metrics.
@@ -266,16 +219,16 @@ class DatasetMetricsAggregator:
             length_policy: :class:`LengthPolicyCounts` states (this rank's, or every rank's).
         """
         stream = out.setdefault(self.stream_name, {"metrics": {}})["metrics"]
-        total_samples = stream.get("samples_seen")
-        total_tokens = stream.get("tokens_seen")
+        total_samples = stream.get(SAMPLES_SEEN)
+        total_tokens = stream.get(TOKENS_SEEN)
         for name, entry in out.items():
             if name == self.stream_name:
                 continue
             metrics = entry["metrics"]
-            if total_samples is not None and "samples_seen" in metrics:
-                metrics["share"] = metrics["samples_seen"] / total_samples if total_samples else 0.0
-            if total_tokens is not None and "tokens_seen" in metrics:
-                metrics["token_share"] = metrics["tokens_seen"] / total_tokens if total_tokens else 0.0
+            if total_samples is not None and SAMPLES_SEEN in metrics:
+                metrics["share"] = metrics[SAMPLES_SEEN] / total_samples if total_samples else 0.0
+            if total_tokens is not None and TOKENS_SEEN in metrics:
+                metrics["token_share"] = metrics[TOKENS_SEEN] / total_tokens if total_tokens else 0.0
             if name in self.source_weights:
                 metrics["target_weight"] = tidy_weight(self.source_weights[name])
         window = RecentMix.shares(recent)
@@ -289,20 +242,8 @@ class DatasetMetricsAggregator:
                 entry["metrics"][metric] = value
                 totals[metric] += value
         stream.update(totals)
-        if packing["total_positions"]:
-            stream["padding_share"] = packing["padding_positions"] / packing["total_positions"]
-        if packing["packed_rows"]:
-            stream["packing_efficiency"] = 1.0 - stream["padding_share"]
-            stream["docs_per_pack"] = packing["packed_row_docs"] / packing["packed_rows"]
+        PackingCounts.add_stream_metrics(packing, stream)
         return out
-
-    def _ordered(self, names: Sequence[str]) -> list[str]:
-        """``names`` with the stream first.
-
-        Args:
-            names: Names in order of appearance.
-        """
-        return [self.stream_name] + [n for n in names if n != self.stream_name]
 
     def compute(self, distributed: bool = True) -> MetricsDict:
         """Return ``{name: {"metrics": {...}}}`` for the stream and every source.
@@ -315,56 +256,34 @@ class DatasetMetricsAggregator:
             distributed: Reduce across ranks when a process group is initialised.
         """
         if not (distributed and _is_dist()):
-            out: MetricsDict = {}
-            for name in self._collectors:
-                for collector in self._collectors[name]:
-                    _merge_into(out, collector.get_metrics())
-            return self._derived(out, self._packing, [self._recent.state_dict()], [self._length_policy.state_dict()])
+            return self._derived(self._collectors.local_metrics(), self._packing.state_dict(),
+                                 [self._recent.state_dict()], [self._length_policy.state_dict()])
 
         payload = {
-            "names": list(self._collectors),
-            "states": {name: [c.state_dict() for c in cs] for name, cs in self._collectors.items()},
-            "packing": dict(self._packing),
-            "recent": self._recent.state_dict(),
-            "length_policy": self._length_policy.state_dict(),
+            "names": self._collectors.names,
+            "states": self._collectors.state_dict(),
+            PACKING: self._packing.state_dict(),
+            RECENT: self._recent.state_dict(),
+            LENGTH_POLICY: self._length_policy.state_dict(),
         }
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, payload)
 
-        names: list[str] = []
+        names: list[str] = [self.stream_name]
         for rank_payload in gathered:
             names.extend(n for n in rank_payload["names"] if n not in names)
-        out = {}
-        for name in self._ordered(names):
-            local = self._collectors.get(name) or self._build(name)  # throwaway if this rank never saw it
-            for i, collector in enumerate(local):
-                states = [p["states"][name][i] for p in gathered if name in p["states"]]
-                merge = getattr(collector, "merge_metrics", None)
-                if merge is not None:
-                    _merge_into(out, merge(states))
-                else:
-                    key = f"{name}:{type(collector).__name__}"
-                    if key not in self._warned_unmergeable:
-                        self._warned_unmergeable.add(key)
-                        warnings.warn(
-                            f"DatasetMetricsAggregator: collector {type(collector).__name__} for '{name}' has no "
-                            "merge_metrics(states); its metrics are this rank's own, not reduced across ranks.",
-                            stacklevel=2,
-                        )
-                    if name in self._collectors:
-                        _merge_into(out, collector.get_metrics())
-        packing = {k: sum(int(p["packing"][k]) for p in gathered) for k in _PACKING_KEYS}
-        return self._derived(out, packing, [p["recent"] for p in gathered], [p["length_policy"] for p in gathered])
+        out = self._collectors.reduced_metrics(names, [p["states"] for p in gathered])
+        packing = PackingCounts.summed(p[PACKING] for p in gathered)
+        return self._derived(out, packing, [p[RECENT] for p in gathered], [p[LENGTH_POLICY] for p in gathered])
 
-    # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """This rank's state: ``stream_name``, ``collectors`` (name -> states), ``packing``, ``recent``, ``length_policy``."""
         return {
-            "stream_name": self.stream_name,
-            "collectors": {name: [c.state_dict() for c in cs] for name, cs in self._collectors.items()},
-            "packing": dict(self._packing),
-            "recent": self._recent.state_dict(),
-            "length_policy": self._length_policy.state_dict(),
+            STREAM_NAME: self.stream_name,
+            COLLECTORS: self._collectors.state_dict(),
+            PACKING: self._packing.state_dict(),
+            RECENT: self._recent.state_dict(),
+            LENGTH_POLICY: self._length_policy.state_dict(),
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -373,26 +292,15 @@ class DatasetMetricsAggregator:
         Args:
             state_dict: What :meth:`state_dict` returned.
         """
-        if state_dict.get("stream_name") != self.stream_name:
+        if state_dict.get(STREAM_NAME) != self.stream_name:
             raise ValueError(
-                f"DatasetMetricsAggregator: the saved metrics are for stream_name={state_dict.get('stream_name')!r} "
+                f"DatasetMetricsAggregator: the saved metrics are for stream_name={state_dict.get(STREAM_NAME)!r} "
                 f"but this aggregator has stream_name={self.stream_name!r}."
             )
-        collectors: dict[str, list[MetricCollector]] = {}
-        for name, states in state_dict["collectors"].items():
-            built = self._build(name)
-            if len(built) != len(states):
-                raise ValueError(
-                    f"DatasetMetricsAggregator: the saved metrics for '{name}' have {len(states)} collector states "
-                    f"but collectors_factory builds {len(built)}; was the checkpoint written with other collectors?"
-                )
-            for collector, state in zip(built, states):
-                collector.load_state_dict(state)
-            collectors[name] = built
-        self._collectors = collectors
-        self._collectors_for(self.stream_name)
+        self._collectors.load_state_dict(state_dict[COLLECTORS])
+        self._collectors.collectors_for(self.stream_name)
         for name in self.source_weights:
-            self._collectors_for(name)
-        self._packing = {k: int(state_dict["packing"].get(k, 0)) for k in _PACKING_KEYS}
-        self._recent.load_state_dict(state_dict.get("recent", {}))
-        self._length_policy.load_state_dict(state_dict.get("length_policy", {}))
+            self._collectors.collectors_for(name)
+        self._packing.load_state_dict(state_dict[PACKING])
+        self._recent.load_state_dict(state_dict.get(RECENT, {}))
+        self._length_policy.load_state_dict(state_dict.get(LENGTH_POLICY, {}))

@@ -19,21 +19,20 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from lightning_tune_data.distributed import current_rank_and_world_size
-from lightning_tune_data.metrics.aggregator import CollectorsFactory, DatasetMetricsAggregator, MetricsDict
-from lightning_tune_data.metrics.collector import StandardMetricCollector
+from lightning_tune_data.keys import PROVENANCE
+from lightning_tune_data.metrics.aggregator import DatasetMetricsAggregator
+from lightning_tune_data.metrics.collector import CollectorsFactory, MetricsDict, StandardMetricCollector
 from lightning_tune_data.metrics.rank_merge import merge_rank_states
 from lightning_tune_data.metrics.summary import format_mix_table, tensorboard_layout
 
-__all__ = ["DatasetMetricsCallback"]
-
-PROVENANCE_KEY = "provenance"
+__all__ = ["DatasetMetricsCallback", "flatten_metrics"]
 
 
 def flatten_metrics(metrics: Mapping[str, Mapping[str, Any]], prefix: str = "dataset") -> dict[str, float]:
     """Flatten ``{name: {"metrics": {m: v}}}`` into ``{"<prefix>/<name>/<m>": v}`` (numeric values only).
 
     Args:
-        metrics: Seed-000 format metrics.
+        metrics: ``{name: {"metrics": {metric: value}}}``.
         prefix: First path component of every key.
     """
     flat: dict[str, float] = {}
@@ -155,8 +154,8 @@ class DatasetMetricsCallback(Callback):
         """
         self._pending = None
         self._forget_logged_values(trainer)
-        if isinstance(batch, Mapping) and PROVENANCE_KEY in batch:
-            self._pending = (batch_idx, batch[PROVENANCE_KEY], batch)
+        if isinstance(batch, Mapping) and PROVENANCE in batch:
+            self._pending = (batch_idx, batch[PROVENANCE], batch)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int

@@ -18,12 +18,40 @@ from the union of the ranks' windows: never averaged or summed percentiles).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, Union, runtime_checkable
 
 import numpy as np
 
-__all__ = ["MetricCollector", "MergeableMetricCollector", "StandardMetricCollector"]
+from lightning_tune_data.keys import EPOCH, NEW_DOCUMENT, TOKENS
+
+__all__ = [
+    "EPOCHS_COMPLETED",
+    "SAMPLES_SEEN",
+    "SEQ_LENS",
+    "TOKENS_SEEN",
+    "CollectorsFactory",
+    "MergeableMetricCollector",
+    "MetricCollector",
+    "MetricsDict",
+    "STANDARD_STATE_KEYS",
+    "StandardMetricCollector",
+]
+
+#: Metrics as collectors report them: ``{dataset_name: {"metrics": {metric_name: value}}}``.
+MetricsDict = dict[str, dict[str, dict[str, Any]]]
+
+# State keys of :class:`StandardMetricCollector`; the first three are also the names of its counters' metrics.
+#: Documents started.
+SAMPLES_SEEN = "samples_seen"
+#: Tokens of every record.
+TOKENS_SEEN = "tokens_seen"
+#: Passes completed by the furthest-ahead shard.
+EPOCHS_COMPLETED = "epochs_completed"
+#: The window of recent sequence lengths (a state key only).
+SEQ_LENS = "seq_lens"
+#: Every key of a :class:`StandardMetricCollector` state.
+STANDARD_STATE_KEYS = frozenset((SAMPLES_SEEN, TOKENS_SEEN, EPOCHS_COMPLETED, SEQ_LENS))
 
 
 @runtime_checkable
@@ -69,6 +97,10 @@ class MergeableMetricCollector(MetricCollector, Protocol):
         Args:
             states: The ``state_dict()`` of this collector on each rank that has one.
         """
+
+
+#: A factory building the collector(s) for one dataset name.
+CollectorsFactory = Callable[[str], Union[MetricCollector, Sequence[MetricCollector]]]
 
 
 def _seq_len_stats(window: Sequence[int]) -> dict[str, float]:
@@ -128,11 +160,11 @@ class StandardMetricCollector:
             sample: ``{"tokens": int, "epoch": int (default 0), "new_document": bool (default True)}``;
                 other keys (``source``, ``row``) are ignored.
         """
-        tokens = int(sample["tokens"])
-        if sample.get("new_document", True):
+        tokens = int(sample[TOKENS])
+        if sample.get(NEW_DOCUMENT, True):
             self.samples_seen += 1
         self.tokens_seen += tokens
-        epoch = int(sample.get("epoch", 0))
+        epoch = int(sample.get(EPOCH, 0))
         if epoch > self.epochs_completed:
             self.epochs_completed = epoch
         self._seq_lens.append(tokens)
@@ -164,7 +196,7 @@ class StandardMetricCollector:
         return list(self._seq_lens)
 
     def _metrics_from(self, samples: int, tokens: int, epochs: int, window: Sequence[int]) -> dict[str, dict]:
-        """Metrics in seed-000 format from counters and a window.
+        """Metrics ``{dataset_name: {"metrics": {...}}}`` from counters and a window.
 
         Args:
             samples: Documents started.
@@ -173,9 +205,9 @@ class StandardMetricCollector:
             window: Sequence lengths the statistics are computed from.
         """
         metrics: dict[str, float | int] = {
-            "samples_seen": samples,
-            "tokens_seen": tokens,
-            "epochs_completed": epochs,
+            SAMPLES_SEEN: samples,
+            TOKENS_SEEN: tokens,
+            EPOCHS_COMPLETED: epochs,
             "seq_len_window_size": len(window),
         }
         if len(window):
@@ -194,11 +226,11 @@ class StandardMetricCollector:
         """
         window: list[int] = []
         for state in states:
-            window.extend(int(x) for x in state["seq_lens"])
+            window.extend(int(x) for x in state[SEQ_LENS])
         return self._metrics_from(
-            sum(int(s["samples_seen"]) for s in states),
-            sum(int(s["tokens_seen"]) for s in states),
-            max((int(s["epochs_completed"]) for s in states), default=0),
+            sum(int(s[SAMPLES_SEEN]) for s in states),
+            sum(int(s[TOKENS_SEEN]) for s in states),
+            max((int(s[EPOCHS_COMPLETED]) for s in states), default=0),
             window,
         )
 
@@ -206,10 +238,10 @@ class StandardMetricCollector:
     def state_dict(self) -> dict[str, Any]:
         """Return ``{"samples_seen", "tokens_seen", "epochs_completed", "seq_lens"}`` (plain ints/lists)."""
         return {
-            "samples_seen": self.samples_seen,
-            "tokens_seen": self.tokens_seen,
-            "epochs_completed": self.epochs_completed,
-            "seq_lens": list(self._seq_lens),
+            SAMPLES_SEEN: self.samples_seen,
+            TOKENS_SEEN: self.tokens_seen,
+            EPOCHS_COMPLETED: self.epochs_completed,
+            SEQ_LENS: list(self._seq_lens),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -218,16 +250,16 @@ class StandardMetricCollector:
         Args:
             state_dict: What :meth:`state_dict` returned.
         """
-        missing = {"samples_seen", "tokens_seen", "epochs_completed", "seq_lens"} - set(state_dict)
+        missing = STANDARD_STATE_KEYS - set(state_dict)
         if missing:
             raise KeyError(
                 f"StandardMetricCollector('{self.dataset_name}'): state is missing {sorted(missing)}; "
                 "was it written by a different collector class?"
             )
-        self.samples_seen = int(state_dict["samples_seen"])
-        self.tokens_seen = int(state_dict["tokens_seen"])
-        self.epochs_completed = int(state_dict["epochs_completed"])
-        self._seq_lens = deque((int(x) for x in state_dict["seq_lens"]), maxlen=self.seq_len_stat_window_size)
+        self.samples_seen = int(state_dict[SAMPLES_SEEN])
+        self.tokens_seen = int(state_dict[TOKENS_SEEN])
+        self.epochs_completed = int(state_dict[EPOCHS_COMPLETED])
+        self._seq_lens = deque((int(x) for x in state_dict[SEQ_LENS]), maxlen=self.seq_len_stat_window_size)
 
     def __repr__(self) -> str:
         return (

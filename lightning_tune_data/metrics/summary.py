@@ -5,10 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["format_mix_table", "tensorboard_layout"]
+__all__ = ["format_mix_table", "format_percent", "tensorboard_layout"]
 
 
-def _percent(value: Any) -> str:
+def format_percent(value: Any) -> str:
+    """A share as a percentage with one decimal (``0.25`` -> ``"25.0%"``), ``"-"`` when unknown.
+
+    Args:
+        value: A fraction, or ``None``.
+    """
     return "-" if value is None else f"{100 * float(value):.1f}%"
 
 
@@ -31,8 +36,9 @@ def format_mix_table(metrics: Mapping[str, Mapping[str, Any]], stream_name: str 
             continue
         m = entry.get("metrics", {})
         rows.append((
-            name, _percent(m.get("target_weight")), _percent(m.get("share")), _percent(m.get("token_share")),
-            _percent(m.get("window_share")), _percent(m.get("window_token_share")),
+            name, format_percent(m.get("target_weight")), format_percent(m.get("share")),
+            format_percent(m.get("token_share")), format_percent(m.get("window_share")),
+            format_percent(m.get("window_token_share")),
             str(int(m.get("truncated_docs", 0))), str(int(m.get("dropped_docs", 0))),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -50,8 +56,12 @@ def tensorboard_layout(prefix: str = "dataset") -> dict[str, dict[str, list]]:
 
     For ``SummaryWriter.add_custom_scalars``: charts match tags by regular expression, so sources
     added later appear on the same charts.
+
+    Args:
+        prefix: First path component of the dataset metrics' tags.
     """
     def chart(metric: str) -> list:
+        """One chart with every source's ``metric``."""
         return ["Multiline", [rf"^{prefix}/[^/]+/{metric}$"]]
 
     return {

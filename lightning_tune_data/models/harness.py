@@ -18,9 +18,13 @@ import torch
 import torchmetrics
 from lightning.pytorch import LightningModule
 
+from lightning_tune_data.keys import INPUT_IDS, PROVENANCE
 from lightning_tune_data.models.source_loss import split_loss_by_source
 
-STAGES = ("train", "val", "test")
+__all__ = ["METRIC_STAGES", "Harness", "MetricSpec", "ReportedMetrics", "default_metric_group"]
+
+#: The stages ``reported_metrics`` configures metric groups for.
+METRIC_STAGES = ("train", "val", "test")
 
 
 @dataclass
@@ -38,6 +42,7 @@ class MetricSpec:
     inputs: list[str] = field(default_factory=lambda: ["loss", "num_tokens"])
 
 
+#: ``{stage: {dataloader_name: {metric_name: MetricSpec}}}``.
 ReportedMetrics = dict[str, dict[str, dict[str, MetricSpec]]]
 
 
@@ -71,9 +76,11 @@ class Harness(LightningModule, ABC):
     # -- name <-> group -------------------------------------------------------------------
     @staticmethod
     def _key(stage: str, name: str) -> str:
+        """The ``metric_groups`` key of dataloader ``name`` in ``stage``."""
         return f"{stage}::{name}"
 
     def _names_for(self, stage: str) -> list[str]:
+        """The datamodule's dataloader names of ``stage``."""
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is None or not hasattr(datamodule, "dataloader_names"):
             raise RuntimeError(
@@ -82,17 +89,30 @@ class Harness(LightningModule, ABC):
         return list(datamodule.dataloader_names.get(stage, []))
 
     def dataloader_name(self, stage: str, dataloader_idx: int = 0) -> str:
-        """The datamodule's name for dataloader ``dataloader_idx`` of ``stage``."""
+        """The datamodule's name for dataloader ``dataloader_idx`` of ``stage``.
+
+        Args:
+            stage: ``"train"``, ``"val"``, ``"test"`` or ``"predict"``.
+            dataloader_idx: Index of the dataloader, as Lightning passes it to a step.
+        """
         return self.trainer.datamodule.dataloader_name(stage, dataloader_idx)
 
     def setup(self, stage: str) -> None:
-        """Build and check the metric groups for the dataloaders this run will use."""
+        """Build and check the metric groups for the dataloaders this run will use.
+
+        Args:
+            stage: The Lightning stage being set up (every metric stage is checked whatever it is).
+
+        Raises:
+            ValueError: a stage is unknown, a dataloader has no metric group, or a group names no
+                dataloader.
+        """
         config = self.reported_metrics_config
         if config is not None:
-            unknown = sorted(set(config) - set(STAGES))
+            unknown = sorted(set(config) - set(METRIC_STAGES))
             if unknown:
-                raise ValueError(f"reported_metrics: unknown stage(s) {unknown}; use {list(STAGES)}.")
-        for metric_stage in STAGES:
+                raise ValueError(f"reported_metrics: unknown stage(s) {unknown}; use {list(METRIC_STAGES)}.")
+        for metric_stage in METRIC_STAGES:
             names = self._names_for(metric_stage)
             configured = None if config is None else (config.get(metric_stage) or {})
             if configured is not None:
@@ -119,9 +139,14 @@ class Harness(LightningModule, ABC):
     # -- steps ----------------------------------------------------------------------------
     @abstractmethod
     def step_outputs(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Compute the outputs metrics may consume; must include a scalar ``loss``."""
+        """Compute the outputs metrics may consume; must include a scalar ``loss``.
+
+        Args:
+            batch: A batch of the datamodule's loaders.
+        """
 
     def _update_and_log(self, stage: str, name: str, outputs: dict[str, Any], batch_size: int) -> None:
+        """Update the metric group of dataloader ``name`` with its inputs and log each metric."""
         key = self._key(stage, name)
         on_step = stage == "train"
         for metric_name, metric in self.metric_groups[key].items():
@@ -141,13 +166,14 @@ class Harness(LightningModule, ABC):
                      batch_size=batch_size, add_dataloader_idx=False, prog_bar=metric_name == "loss")
 
     def _train_source_names(self) -> list[str]:
+        """The datamodule's train source names (empty when it has no weights)."""
         weights = getattr(self.trainer.datamodule, "train_source_weights", None) or {}
         return list(weights)
 
     def _log_source_losses(self, stream: str, outputs: dict[str, Any], batch: dict[str, Any]) -> None:
         """Log ``train/<source>/loss`` from the per-token loss (sums reduced over ranks, then divided)."""
         token_loss = outputs.get("token_loss")
-        if token_loss is None or "provenance" not in batch:
+        if token_loss is None or PROVENANCE not in batch:
             return
         sources = self._train_source_names() or None
         split = split_loss_by_source(token_loss.detach(), batch, sources=sources)
@@ -176,16 +202,36 @@ class Harness(LightningModule, ABC):
                 item.reset()
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        """Update and log the train metric group (and the per-source losses); return the loss to optimise.
+
+        Args:
+            batch: A train batch.
+            batch_idx: Index of the batch in the epoch.
+        """
         outputs = self.step_outputs(batch)
         stream = self.dataloader_name("train")
-        self._update_and_log("train", stream, outputs, batch["input_ids"].shape[0])
+        self._update_and_log("train", stream, outputs, batch[INPUT_IDS].shape[0])
         self._log_source_losses(stream, outputs, batch)
         return outputs["loss"]
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Update the metric group of the validation dataloader the batch comes from.
+
+        Args:
+            batch: A validation batch.
+            batch_idx: Index of the batch in its dataloader.
+            dataloader_idx: Index of the dataloader (resolved to its name).
+        """
         outputs = self.step_outputs(batch)
-        self._update_and_log("val", self.dataloader_name("val", dataloader_idx), outputs, batch["input_ids"].shape[0])
+        self._update_and_log("val", self.dataloader_name("val", dataloader_idx), outputs, batch[INPUT_IDS].shape[0])
 
     def test_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Update the metric group of the test dataloader the batch comes from.
+
+        Args:
+            batch: A test batch.
+            batch_idx: Index of the batch in its dataloader.
+            dataloader_idx: Index of the dataloader (resolved to its name).
+        """
         outputs = self.step_outputs(batch)
-        self._update_and_log("test", self.dataloader_name("test", dataloader_idx), outputs, batch["input_ids"].shape[0])
+        self._update_and_log("test", self.dataloader_name("test", dataloader_idx), outputs, batch[INPUT_IDS].shape[0])

@@ -19,6 +19,8 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+__all__ = ["PredictionWriter", "sample_token_ids"]
+
 
 class PredictionWriter(BasePredictionWriter):
     """Write decoded predictions to a JSON Lines file as each predict batch finishes.
@@ -38,12 +40,19 @@ class PredictionWriter(BasePredictionWriter):
         self.written_path: Path | None = None
 
     def _path_for(self, trainer: Trainer) -> Path:
+        """The file this rank writes: ``output_path``, or ``<stem>.rank<N><suffix>`` under DDP."""
         if trainer.world_size <= 1:
             return self.output_path
         path = self.output_path
         return path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
 
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Open (truncate) this rank's output file and restart the per-dataloader sample numbering.
+
+        Args:
+            trainer: The trainer.
+            pl_module: The module.
+        """
         # Lightning warns that it cannot record sample indices for iterable eval loaders; this writer
         # numbers the samples itself, so the warning says nothing to act on.
         warnings.filterwarnings("ignore", message=r"Couldn't infer the batch indices fetched from your dataloader")
@@ -53,6 +62,12 @@ class PredictionWriter(BasePredictionWriter):
         self._counts = {}
 
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Close the output file.
+
+        Args:
+            trainer: The trainer.
+            pl_module: The module.
+        """
         if self._handle is not None:
             self._handle.close()
             self._handle = None
@@ -67,6 +82,20 @@ class PredictionWriter(BasePredictionWriter):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
+        """Decode each sample of one predict batch and write it as a JSON line.
+
+        Args:
+            trainer: The trainer (its datamodule names the dataloader and decodes).
+            pl_module: The module.
+            prediction: What ``predict_step`` returned: token ids per sample.
+            batch_indices: Ignored (samples are numbered per dataloader here).
+            batch: The predict batch.
+            batch_idx: Index of the batch in its dataloader.
+            dataloader_idx: Index of the predict dataloader.
+
+        Raises:
+            RuntimeError: no file is open, or the datamodule has no tokenizer.
+        """
         if self._handle is None:
             raise RuntimeError("PredictionWriter: no output file is open; it writes during Trainer.predict only.")
         datamodule = trainer.datamodule
@@ -75,7 +104,7 @@ class PredictionWriter(BasePredictionWriter):
                 "PredictionWriter decodes with the datamodule's tokenizer; run predict with a TextDataModule."
             )
         name = datamodule.dataloader_name("predict", dataloader_idx)
-        for ids in _rows(prediction, name):
+        for ids in sample_token_ids(prediction, name):
             index = self._counts.get(dataloader_idx, 0)
             self._counts[dataloader_idx] = index + 1
             line: dict[str, Any] = {"dataloader": name, "index": index, "rank": trainer.global_rank,
@@ -86,8 +115,16 @@ class PredictionWriter(BasePredictionWriter):
         self._handle.flush()
 
 
-def _rows(prediction: Any, name: str) -> list[list[int]]:
-    """Token ids per sample from a ``predict_step`` output (list of id lists or a 2-D tensor)."""
+def sample_token_ids(prediction: Any, name: str) -> list[list[int]]:
+    """Token ids per sample from a ``predict_step`` output (list of id lists or a 2-D tensor).
+
+    Args:
+        prediction: What ``predict_step`` returned.
+        name: The predict dataloader's name (named in errors).
+
+    Raises:
+        ValueError: ``prediction`` is not token ids per sample.
+    """
     if isinstance(prediction, torch.Tensor):
         if prediction.dim() != 2:
             raise ValueError(

@@ -24,13 +24,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["SourceLossSplit", "document_index", "split_loss_by_source"]
+from lightning_tune_data.keys import ATTENTION_MASK, DOCUMENT_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, PROVENANCE, ROW, SOURCE
 
-IGNORE_INDEX = -100
+__all__ = ["SourceLossSplit", "document_index", "split_loss_by_source"]
 
 
 def _rows_of(provenance: Mapping[str, Any], count: int) -> list[int]:
-    rows = provenance.get("row")
+    """The batch row of each provenance entry (entry ``i`` is row ``i`` when there is no ``row`` column)."""
+    rows = provenance.get(ROW)
     if rows is None:
         return list(range(count))  # a padded batch without row column: entry i is row i
     return [int(r) for r in (rows.tolist() if isinstance(rows, torch.Tensor) else rows)]
@@ -49,17 +50,17 @@ def document_index(batch: Mapping[str, Any]) -> torch.Tensor:
     Raises:
         ValueError: the provenance does not describe the batch's rows and documents.
     """
-    provenance = batch.get("provenance")
-    if not isinstance(provenance, Mapping) or "source" not in provenance:
+    provenance = batch.get(PROVENANCE)
+    if not isinstance(provenance, Mapping) or SOURCE not in provenance:
         raise ValueError(
             "split_loss_by_source: the batch has no 'provenance' with a 'source' column; use a batch from a "
             "TextDataModule train loader (PaddedCollator / PackedCollator)."
         )
-    count = len(provenance["source"])
+    count = len(provenance[SOURCE])
     rows = _rows_of(provenance, count)
-    reference = batch.get("document_ids")
+    reference = batch.get(DOCUMENT_IDS)
     if reference is None:
-        reference = batch.get("attention_mask", batch.get("input_ids"))
+        reference = batch.get(ATTENTION_MASK, batch.get(INPUT_IDS))
     if not isinstance(reference, torch.Tensor) or reference.dim() != 2:
         raise ValueError("split_loss_by_source: the batch needs [B, L] 'document_ids' or 'attention_mask' tensors.")
     batch_rows = reference.shape[0]
@@ -72,8 +73,8 @@ def document_index(batch: Mapping[str, Any]) -> torch.Tensor:
             first[row] = index
         per_row[row] += 1
     device = reference.device
-    if "document_ids" in batch:
-        local = batch["document_ids"].long()
+    if DOCUMENT_IDS in batch:
+        local = batch[DOCUMENT_IDS].long()
         if int(local.max()) >= 0:
             too_many = local >= torch.tensor(per_row, device=device)[:, None]
             if bool(too_many.any()):
@@ -87,7 +88,7 @@ def document_index(batch: Mapping[str, Any]) -> torch.Tensor:
                 f"split_loss_by_source: a padded batch holds one document per row, but the provenance lists "
                 f"{per_row} entries per row."
             )
-        mask = batch.get("attention_mask")
+        mask = batch.get(ATTENTION_MASK)
         real = mask.bool() if isinstance(mask, torch.Tensor) else torch.ones_like(reference, dtype=torch.bool)
         local = torch.where(real, 0, -1)
     starts = torch.tensor(first, dtype=torch.long, device=device)[:, None]
@@ -154,13 +155,13 @@ def split_loss_by_source(
     Raises:
         ValueError: shapes differ, or the batch names a source not in ``sources``.
     """
-    labels = batch["labels"] if labels is None else labels
+    labels = batch[LABELS] if labels is None else labels
     if token_loss.shape != labels.shape:
         raise ValueError(
             f"split_loss_by_source: token_loss has shape {tuple(token_loss.shape)} but labels have "
             f"{tuple(labels.shape)}; pass the unreduced loss reshaped to [B, L]."
         )
-    batch_sources = [str(s) for s in batch["provenance"]["source"]]
+    batch_sources = [str(s) for s in batch[PROVENANCE][SOURCE]]
     names = list(dict.fromkeys(batch_sources)) if sources is None else [str(s) for s in sources]
     position = {name: i for i, name in enumerate(names)}
     unknown = sorted(set(batch_sources) - set(position))

@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lightning_tune_data.keys import ATTENTION_MASK, DOCUMENT_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITION_IDS
 from lightning_tune_data.models.harness import Harness, ReportedMetrics
 
-IGNORE_INDEX = -100
+__all__ = ["TinyCausalLM", "document_causal_mask"]
 
 
 def document_causal_mask(document_ids: torch.Tensor) -> torch.Tensor:
@@ -23,6 +24,9 @@ def document_causal_mask(document_ids: torch.Tensor) -> torch.Tensor:
 
     ``document_ids`` is ``[B, L]`` with ``-1`` on padding. Padding queries attend to themselves
     only, so no row of the mask is empty (an empty row makes softmax return NaN).
+
+    Args:
+        document_ids: ``[B, L]`` index of each position's document in its row, ``-1`` on padding.
     """
     length = document_ids.shape[1]
     causal = torch.ones(length, length, dtype=torch.bool, device=document_ids.device).tril()
@@ -34,6 +38,13 @@ def document_causal_mask(document_ids: torch.Tensor) -> torch.Tensor:
 
 
 class _Block(nn.Module):
+    """One pre-norm transformer block: masked self-attention, then an MLP, each with a residual.
+
+    Args:
+        d_model: Hidden width.
+        n_heads: Attention heads.
+    """
+
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
         self.n_heads = n_heads
@@ -44,6 +55,12 @@ class _Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The block's output ``[B, L, d_model]``.
+
+        Args:
+            x: Hidden states ``[B, L, d_model]``.
+            mask: Boolean attention mask ``[B, 1, L, L]`` (``True`` where a query may attend a key).
+        """
         batch, length, width = x.shape
         q, k, v = self.qkv(self.norm1(x)).split(width, dim=-1)
         q, k, v = (t.view(batch, length, self.n_heads, -1).transpose(1, 2) for t in (q, k, v))
@@ -95,7 +112,14 @@ class TinyCausalLM(Harness):
         document_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits ``[B, L, vocab]``. ``document_ids`` (packed) or ``attention_mask`` (padded) mask attention."""
+        """Logits ``[B, L, vocab]``. ``document_ids`` (packed) or ``attention_mask`` (padded) mask attention.
+
+        Args:
+            input_ids: ``[B, L]`` token ids.
+            position_ids: ``[B, L]`` positions (restarting per document when packed); default ``0..L-1``.
+            document_ids: ``[B, L]`` document index per position, ``-1`` on padding (packed batches).
+            attention_mask: ``[B, L]`` 1 on real tokens, 0 on padding (padded batches).
+        """
         if document_ids is None:
             real = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
             document_ids = torch.where(real, 0, -1)
@@ -108,13 +132,18 @@ class TinyCausalLM(Harness):
         return self.head(self.norm(x))
 
     def step_outputs(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """``loss`` (mean over label tokens), ``num_tokens``, ``logits``, ``labels`` and the per-token ``token_loss``.
+
+        Args:
+            batch: A padded or packed batch.
+        """
         logits = self(
-            batch["input_ids"],
-            position_ids=batch.get("position_ids"),
-            document_ids=batch.get("document_ids"),
-            attention_mask=batch.get("attention_mask"),
+            batch[INPUT_IDS],
+            position_ids=batch.get(POSITION_IDS),
+            document_ids=batch.get(DOCUMENT_IDS),
+            attention_mask=batch.get(ATTENTION_MASK),
         )
-        labels = batch["labels"]
+        labels = batch[LABELS]
         num_tokens = (labels != IGNORE_INDEX).sum()
         token_loss = F.cross_entropy(
             logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
@@ -123,9 +152,15 @@ class TinyCausalLM(Harness):
         return {"loss": loss, "num_tokens": num_tokens, "logits": logits, "labels": labels, "token_loss": token_loss}
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> list[list[int]]:
-        """Greedy continuation of each prompt; returns generated token ids per row."""
-        input_ids = batch["input_ids"]
-        lengths = batch["attention_mask"].sum(dim=1)
+        """Greedy continuation of each prompt; returns the prompt and generated token ids per row.
+
+        Args:
+            batch: A padded predict batch (prompts).
+            batch_idx: Index of the batch in its dataloader.
+            dataloader_idx: Index of the predict dataloader.
+        """
+        input_ids = batch[INPUT_IDS]
+        lengths = batch[ATTENTION_MASK].sum(dim=1)
         generated: list[list[int]] = []
         for row in range(input_ids.shape[0]):
             tokens = input_ids[row, : lengths[row]].tolist()
@@ -137,4 +172,5 @@ class TinyCausalLM(Harness):
         return generated
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        """AdamW over every parameter with ``learning_rate``."""
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.learning_rate)

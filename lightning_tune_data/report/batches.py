@@ -18,12 +18,24 @@ import numpy as np
 import yaml
 
 from lightning_tune_data.datamodule.module import TextDataModule
-from lightning_tune_data.sources.lengths import document_lengths
+from lightning_tune_data.keys import (
+    ATTENTION_MASK,
+    DOCUMENT_IDS,
+    INPUT_IDS,
+    LABELS,
+    NEW_DOCUMENT,
+    PROVENANCE,
+    ROW,
+    SOURCE,
+    TOKENS,
+)
 from lightning_tune_data.metrics.aggregator import DatasetMetricsAggregator
+from lightning_tune_data.sources.lengths import document_lengths
 
-__all__ = ["BatchReport", "collect", "datamodule_from_config"]
+__all__ = ["BatchReport", "PREVIEW_KEYS", "collect", "datamodule_from_config"]
 
-PREVIEW_KEYS = ("input_ids", "labels", "document_ids", "attention_mask")
+#: Batch tensors kept (their first rows) for the preview.
+PREVIEW_KEYS = (INPUT_IDS, LABELS, DOCUMENT_IDS, ATTENTION_MASK)
 
 
 def datamodule_from_config(config: str | Path, cache_dir: str | None = None) -> TextDataModule:
@@ -83,14 +95,16 @@ class BatchReport:
 
     @property
     def batches(self) -> int:
+        """Number of batches drawn."""
         return len(self.real_fraction)
 
 
 def _preview(batch: Mapping[str, Any], rows: int) -> dict[str, Any]:
+    """The first ``rows`` rows of ``batch`` as lists, with the provenance of their documents."""
     out: dict[str, Any] = {key: batch[key][:rows].tolist() for key in PREVIEW_KEYS if key in batch}
-    provenance = batch["provenance"]
-    keep = [i for i, row in enumerate(provenance.get("row", range(len(provenance["source"])))) if row < rows]
-    out["provenance"] = {key: [list(values)[i] for i in keep] for key, values in provenance.items()}
+    provenance = batch[PROVENANCE]
+    keep = [i for i, row in enumerate(provenance.get(ROW, range(len(provenance[SOURCE])))) if row < rows]
+    out[PROVENANCE] = {key: [list(values)[i] for i in keep] for key, values in provenance.items()}
     return out
 
 
@@ -127,16 +141,16 @@ def collect(datamodule: TextDataModule, batches: int, preview_rows: int = 3) -> 
                 batch = next(iterator)
             except StopIteration:
                 break
-            provenance = batch["provenance"]
+            provenance = batch[PROVENANCE]
             aggregator.update(provenance, batch)
-            for source, n, new in zip(provenance["source"], provenance["tokens"], provenance["new_document"]):
+            for source, n, new in zip(provenance[SOURCE], provenance[TOKENS], provenance[NEW_DOCUMENT]):
                 docs[source] = docs.get(source, 0) + int(bool(new))
                 tokens[source] = tokens.get(source, 0) + int(n)
             total_docs, total_tokens = max(sum(docs.values()), 1), max(sum(tokens.values()), 1)
             for name in sources:
                 report.doc_shares[name].append(docs[name] / total_docs)
                 report.token_shares[name].append(tokens[name] / total_tokens)
-            mask = batch["attention_mask"]
+            mask = batch[ATTENTION_MASK]
             report.real_fraction.append(float(mask.sum()) / mask.numel())
             if index == 0:
                 report.preview = _preview(batch, preview_rows)

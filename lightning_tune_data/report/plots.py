@@ -11,6 +11,7 @@ __all__ = ["plot_efficiency", "plot_lengths", "plot_losses", "plot_mix", "plot_t
 
 
 def _pyplot():  # noqa: ANN202 - matplotlib.pyplot module
+    """``matplotlib.pyplot`` on the headless ``Agg`` backend (imported on first use: matplotlib is slow to import)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -20,6 +21,7 @@ def _pyplot():  # noqa: ANN202 - matplotlib.pyplot module
 
 
 def _save(fig, path: Path) -> Path:  # noqa: ANN001 - matplotlib Figure
+    """Write ``fig`` to ``path`` as a PNG, close it and return ``path``."""
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     _pyplot().close(fig)
@@ -29,7 +31,20 @@ def _save(fig, path: Path) -> Path:  # noqa: ANN001 - matplotlib Figure
 def plot_mix(path: Path, x: Sequence[float], doc_shares: Mapping[str, Sequence[float]],
              token_shares: Mapping[str, Sequence[float]], targets: Mapping[str, float], mix_by: str | None,
              xlabel: str = "batches drawn") -> Path:
-    """Realised share of documents (solid) and tokens (dashed) per source, with the target (dotted)."""
+    """Realised share of documents (solid) and tokens (dashed) per source, with the target (dotted).
+
+    Args:
+        path: The PNG to write.
+        x: The x position of each point (batches drawn, or logged steps).
+        doc_shares: Per source, its cumulative share of documents at each point.
+        token_shares: Per source, its cumulative share of tokens at each point.
+        targets: Per source, its target weight (a dotted line).
+        mix_by: What the weights are shares of, named in the title (``None``: not named).
+        xlabel: Label of the x axis.
+
+    Returns:
+        ``path``.
+    """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9.5, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -51,7 +66,16 @@ def plot_mix(path: Path, x: Sequence[float], doc_shares: Mapping[str, Sequence[f
 
 
 def plot_lengths(path: Path, lengths: Mapping[str, np.ndarray], max_seq_len: int) -> Path:
-    """One histogram of document lengths per source, with ``max_seq_len`` marked."""
+    """One histogram of document lengths per source, with ``max_seq_len`` marked.
+
+    Args:
+        path: The PNG to write.
+        lengths: Per source, every document's length (sources without lengths are left out).
+        max_seq_len: The longest sequence a batch row holds.
+
+    Returns:
+        ``path``.
+    """
     plt = _pyplot()
     shown = {name: values for name, values in lengths.items() if len(values)}
     fig, axes = plt.subplots(len(shown) or 1, 1, figsize=(8, 2.2 * max(len(shown), 1)), squeeze=False,
@@ -74,7 +98,18 @@ def plot_lengths(path: Path, lengths: Mapping[str, np.ndarray], max_seq_len: int
 
 def plot_efficiency(path: Path, x: Sequence[float], real_fraction: Sequence[float], title: str,
                     xlabel: str = "batch") -> Path:
-    """Share of positions holding real tokens (not padding), per batch / logged step."""
+    """Share of positions holding real tokens (not padding), per batch / logged step.
+
+    Args:
+        path: The PNG to write.
+        x: The x position of each point.
+        real_fraction: Real tokens / positions at each point.
+        title: The chart's title.
+        xlabel: Label of the x axis.
+
+    Returns:
+        ``path``.
+    """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.5))
     ax.plot(x, real_fraction, marker="o", ms=3, lw=1, color="tab:green")
@@ -92,7 +127,19 @@ def plot_efficiency(path: Path, x: Sequence[float], real_fraction: Sequence[floa
 
 def plot_truncation(path: Path, sources: Sequence[str], cache_overlong: Mapping[str, float] | None,
                     truncated: Mapping[str, float], dropped: Mapping[str, float]) -> Path:
-    """Per source: share of documents longer than max_seq_len (cache), truncated and dropped (stream)."""
+    """Per source: share of documents longer than max_seq_len (cache), truncated and dropped (stream).
+
+    Args:
+        path: The PNG to write.
+        sources: Source names, one group of bars each.
+        cache_overlong: Per source, the share of its cached documents longer than ``max_seq_len``
+            (``None``: unknown, no bar).
+        truncated: Per source, the share of its drawn documents that were truncated.
+        dropped: Per source, dropped documents per drawn document.
+
+    Returns:
+        ``path``.
+    """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.5))
     series = [("truncated (drawn)", truncated), ("dropped (drawn)", dropped)]
@@ -113,7 +160,17 @@ def plot_truncation(path: Path, sources: Sequence[str], cache_overlong: Mapping[
 
 def plot_losses(path: Path, steps: Mapping[str, Sequence[float]], losses: Mapping[str, Sequence[float]],
                 sources: Sequence[str] = ()) -> Path:
-    """Train loss per source over the logged steps; names not in ``sources`` are drawn as the overall loss."""
+    """Train loss per source over the logged steps; names not in ``sources`` are drawn as the overall loss.
+
+    Args:
+        path: The PNG to write.
+        steps: Per name, the steps its loss was logged at.
+        losses: Per name, the logged losses.
+        sources: The train source names (empty: every name is drawn as a source).
+
+    Returns:
+        ``path``.
+    """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     for name in losses:

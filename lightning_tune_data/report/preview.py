@@ -5,11 +5,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lightning_tune_data.keys import (
+    ATTENTION_MASK,
+    DOCUMENT_IDS,
+    IGNORE_INDEX,
+    INPUT_IDS,
+    LABELS,
+    NEW_DOCUMENT,
+    PROVENANCE,
+    SOURCE,
+)
 from lightning_tune_data.tokenizers import Tokenizer
 
-__all__ = ["render_rows"]
+__all__ = ["LEGEND", "render_rows"]
 
-IGNORE_INDEX = -100
+#: How to read the rendered rows (printed above them in the report).
 LEGEND = (
     "Each document starts on a new line with `[doc k | source | tokens]`; `<bos>`/`<eos>` are the "
     "document markers; text inside `«...»` is masked (no loss: prompt tokens); `(+N pad)` counts the "
@@ -18,6 +28,7 @@ LEGEND = (
 
 
 def _special(tokenizer: Tokenizer) -> dict[int, str]:
+    """``{token id: shown text}`` of the tokenizer's BOS, EOS and padding ids."""
     names = {}
     for attr, text in (("bos_id", "<bos>"), ("eos_id", "<eos>"), ("pad_id", "<pad>")):
         value = getattr(tokenizer, attr, None)
@@ -27,6 +38,7 @@ def _special(tokenizer: Tokenizer) -> dict[int, str]:
 
 
 def _decode_span(tokenizer: Tokenizer, ids: list[int], special: Mapping[int, str]) -> str:
+    """``ids`` decoded, with special tokens shown by name."""
     out, run = [], []
     for token in ids:
         if token in special:
@@ -54,15 +66,15 @@ def render_rows(preview: Mapping[str, Any], tokenizer: Tokenizer, max_chars: int
         max_chars: longest text shown per document (the rest is elided with its token count).
     """
     special = _special(tokenizer)
-    provenance = preview["provenance"]
+    provenance = preview[PROVENANCE]
     blocks = []
     entry = 0
-    for row, ids in enumerate(preview["input_ids"]):
-        labels = preview["labels"][row]
-        if "document_ids" in preview:
-            docs = preview["document_ids"][row]
+    for row, ids in enumerate(preview[INPUT_IDS]):
+        labels = preview[LABELS][row]
+        if DOCUMENT_IDS in preview:
+            docs = preview[DOCUMENT_IDS][row]
         else:
-            docs = [0 if m else -1 for m in preview["attention_mask"][row]]
+            docs = [0 if m else -1 for m in preview[ATTENTION_MASK][row]]
         lines = []
         position = 0
         while position < len(ids) and docs[position] >= 0:
@@ -70,8 +82,8 @@ def render_rows(preview: Mapping[str, Any], tokenizer: Tokenizer, max_chars: int
             end = position
             while end < len(ids) and docs[end] == doc:
                 end += 1
-            source = provenance["source"][entry] if entry < len(provenance["source"]) else "?"
-            continued = entry < len(provenance["source"]) and not provenance["new_document"][entry]
+            source = provenance[SOURCE][entry] if entry < len(provenance[SOURCE]) else "?"
+            continued = entry < len(provenance[SOURCE]) and not provenance[NEW_DOCUMENT][entry]
             entry += 1
             spans, current, masked = [], [], None
             for j in range(position, end):

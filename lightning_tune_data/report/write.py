@@ -7,24 +7,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning_tune_data.tokenizers import Tokenizer
+from lightning_tune_data.metrics.summary import format_percent
 from lightning_tune_data.report.batches import BatchReport
 from lightning_tune_data.report.plots import plot_efficiency, plot_lengths, plot_losses, plot_mix, plot_truncation
 from lightning_tune_data.report.preview import LEGEND, render_rows
+from lightning_tune_data.tokenizers import Tokenizer
 
 __all__ = ["read_metrics_csv", "write_batch_report", "write_metrics_report"]
 
 
-def _pct(value: Any) -> str:
-    return "-" if value is None else f"{100 * float(value):.1f}%"
-
-
 def _mix_table(sources: list[str], metrics: Mapping[str, Any], extra: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """Markdown table rows: per source its target weight, realised shares and the ``extra`` columns."""
     columns = ["source", "target weight", "documents", "tokens", *next(iter(extra.values()), {}).keys()]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for source in sources:
         m = metrics.get(source, {})
-        cells = [f"`{source}`", _pct(m.get("target_weight")), _pct(m.get("share")), _pct(m.get("token_share")),
+        cells = [f"`{source}`", format_percent(m.get("target_weight")), format_percent(m.get("share")),
+                 format_percent(m.get("token_share")),
                  *extra.get(source, {}).values()]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -32,6 +31,12 @@ def _mix_table(sources: list[str], metrics: Mapping[str, Any], extra: Mapping[st
 
 def write_batch_report(report: BatchReport, tokenizer: Tokenizer, output: str | Path, config: str = "") -> Path:
     """Write ``output/report.md`` and its charts for batches drawn with :func:`~.batches.collect`.
+
+    Args:
+        report: What the drawn batches held.
+        tokenizer: Decodes the preview rows.
+        output: Directory for ``report.md`` and the PNG charts (created).
+        config: The config the batches were drawn from, named in the report.
 
     Returns:
         The path of ``report.md``.
@@ -54,7 +59,7 @@ def write_batch_report(report: BatchReport, tokenizer: Tokenizer, output: str | 
     extra = {
         s: {"documents drawn": f"{metrics.get(s, {}).get('samples_seen', 0):,}",
             "tokens drawn": f"{metrics.get(s, {}).get('tokens_seen', 0):,}",
-            "longer than max_seq_len (cache)": _pct(overlong[s]) if len(report.lengths[s]) else "-",
+            "longer than max_seq_len (cache)": format_percent(overlong[s]) if len(report.lengths[s]) else "-",
             "truncated / dropped (drawn)": f"{metrics.get(s, {}).get('truncated_docs', 0)} / "
                                            f"{metrics.get(s, {}).get('dropped_docs', 0)}"}
         for s in report.sources
@@ -70,7 +75,7 @@ def write_batch_report(report: BatchReport, tokenizer: Tokenizer, output: str | 
         "Solid lines: share of documents; dashed: share of tokens; dotted: the target weight.", "",
         "## Document lengths", "", "![document lengths](lengths.png)", "",
         "## Padding and packing", "",
-        f"- real tokens / positions: {_pct(1 - stream.get('padding_share', 0.0))}",
+        f"- real tokens / positions: {format_percent(1 - stream.get('padding_share', 0.0))}",
         f"- documents per row: {stream.get('docs_per_pack', 1.0):.2f}" if report.packing else "- one document per row",
         "", "![efficiency](efficiency.png)", "",
         "## Truncation", "", "![truncation](truncation.png)", "",
@@ -84,7 +89,11 @@ def write_batch_report(report: BatchReport, tokenizer: Tokenizer, output: str | 
 
 
 def read_metrics_csv(path: str | Path) -> list[dict[str, float]]:
-    """Rows of a CSVLogger ``metrics.csv`` with their non-empty numeric cells, in file order."""
+    """Rows of a CSVLogger ``metrics.csv`` with their non-empty numeric cells, in file order.
+
+    Args:
+        path: The ``metrics.csv`` file.
+    """
     rows = []
     with Path(path).open(newline="", encoding="utf-8") as handle:
         for row in csv.DictReader(handle):
@@ -99,12 +108,20 @@ def read_metrics_csv(path: str | Path) -> list[dict[str, float]]:
 
 
 def _series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:
+    """Steps and values of the rows that logged ``key``."""
     points = [(row["step"], row[key]) for row in rows if key in row and "step" in row]
     return [p[0] for p in points], [p[1] for p in points]
 
 
 def write_metrics_report(metrics_csv: str | Path, output: str | Path) -> Path:
     """Write ``output/report.md`` and charts from a finished run's logged ``metrics.csv``.
+
+    Args:
+        metrics_csv: The run's ``metrics.csv`` (CSVLogger with ``DatasetMetricsCallback``).
+        output: Directory for ``report.md`` and the PNG charts (created).
+
+    Returns:
+        The path of ``report.md``.
 
     Raises:
         ValueError: the file holds no ``dataset/<source>/share`` column (no ``DatasetMetricsCallback``).
@@ -133,7 +150,8 @@ def write_metrics_report(metrics_csv: str | Path, output: str | Path) -> Path:
              xlabel="step")
     lines = ["# Data report", "", f"From the logged metrics of `{metrics_csv}` (last logged step "
              f"{int(steps[-1]) if steps else 0}).", "", "## Mix: realised vs target", ""]
-    extra = {s: {"recent documents": _pct(m.get("window_share")), "recent tokens": _pct(m.get("window_token_share")),
+    extra = {s: {"recent documents": format_percent(m.get("window_share")),
+                 "recent tokens": format_percent(m.get("window_token_share")),
                  "truncated / dropped": f"{int(m.get('truncated_docs', 0))} / {int(m.get('dropped_docs', 0))}"}
              for s, m in metrics.items()}
     lines += [*_mix_table(sources, metrics, extra), "", "![realised vs target mix](mix.png)", "",

@@ -204,6 +204,86 @@ def test_memory_stays_flat_over_a_million_provenance_records() -> None:
     assert elapsed < 60, f"1M records took {elapsed:.1f}s"
 
 
+def test_target_weights_are_reported_as_written() -> None:
+    weights = DatasetMetricsAggregator({"prose": 0.6, "arithmetic": 0.3, "reverse": 0.1}).compute(distributed=False)
+    assert [weights[n]["metrics"]["target_weight"] for n in ("prose", "arithmetic", "reverse")] == [0.6, 0.3, 0.1]
+    assert repr(weights["reverse"]["metrics"]["target_weight"]) == "0.1"
+
+#: An aggregator state as checkpoints written by earlier releases hold it.
+SAVED_STATE = {
+    "stream_name": "all",
+    "collectors": {
+        "all": [{"samples_seen": 4, "tokens_seen": 30, "epochs_completed": 2, "seq_lens": [10, 4, 6, 7, 3]}],
+        "web": [{"samples_seen": 3, "tokens_seen": 23, "epochs_completed": 1, "seq_lens": [10, 6, 7]}],
+        "code": [{"samples_seen": 1, "tokens_seen": 7, "epochs_completed": 2, "seq_lens": [4, 3]}],
+    },
+    "packing": {"total_positions": 40, "padding_positions": 10, "packed_rows": 4, "packed_row_docs": 5},
+    "recent": {"window": 2, "batches": [{"web": [1, 10]}, {"web": [2, 13], "code": [1, 7]}]},
+    "length_policy": {"web": [1, 5, 0], "code": [0, 0, 2]},
+}
+
+
+def test_a_state_saved_by_earlier_releases_restores_the_same_metrics_and_saves_back_unchanged() -> None:
+    agg = DatasetMetricsAggregator({"web": 3, "code": 1}, window=2)
+    agg.load_state_dict(SAVED_STATE)
+    assert agg.state_dict() == SAVED_STATE
+    m = agg.compute(distributed=False)
+    assert list(m) == ["all", "web", "code"]
+    assert m["all"]["metrics"] == {
+        "samples_seen": 4, "tokens_seen": 30, "epochs_completed": 2, "seq_len_window_size": 5, "seq_len_mean": 6.0,
+        "seq_len_p50": 6.0, "seq_len_p95": pytest.approx(9.4), "truncated_docs": 1, "truncated_tokens": 5,
+        "dropped_docs": 2, "padding_share": 0.25, "packing_efficiency": 0.75, "docs_per_pack": 1.25,
+    }
+    assert list(m["all"]["metrics"]) == [
+        "samples_seen", "tokens_seen", "epochs_completed", "seq_len_window_size", "seq_len_mean", "seq_len_p50",
+        "seq_len_p95", "truncated_docs", "truncated_tokens", "dropped_docs", "padding_share", "packing_efficiency",
+        "docs_per_pack",
+    ], "metrics keep their order, so logged columns keep theirs"
+    assert m["code"]["metrics"] == {
+        "samples_seen": 1, "tokens_seen": 7, "epochs_completed": 2, "seq_len_window_size": 2, "seq_len_mean": 3.5,
+        "seq_len_p50": 3.5, "seq_len_p95": pytest.approx(3.95), "share": 0.25, "token_share": pytest.approx(7 / 30),
+        "target_weight": 0.25, "window_share": 0.25, "window_token_share": pytest.approx(7 / 30),
+        "truncated_docs": 0, "truncated_tokens": 0, "dropped_docs": 2,
+    }
+    assert m["web"]["metrics"]["window_share"] == 0.75 and m["web"]["metrics"]["truncated_tokens"] == 5
+
+
+def test_state_nests_each_parts_state_under_its_key() -> None:
+    from lightning_tune_data.metrics.aggregator import COLLECTORS, LENGTH_POLICY, PACKING, RECENT, STREAM_NAME
+
+    agg = DatasetMetricsAggregator({"a": 1.0}, window=2)
+    agg.update(provenance(["a", "b"], [3, 4], new_document=[True, False]) | {"truncated_tokens": [2, 0]},
+               {"document_ids": torch.tensor([[0, 0, 1, -1]])})
+    state = agg.state_dict()
+    assert list(state) == [STREAM_NAME, COLLECTORS, PACKING, RECENT, LENGTH_POLICY]
+    assert state[STREAM_NAME] == "all" and list(state[COLLECTORS]) == ["all", "a", "b"]
+    assert state[COLLECTORS]["b"] == [{"samples_seen": 0, "tokens_seen": 4, "epochs_completed": 0, "seq_lens": [4]}]
+    assert state[PACKING] == {"total_positions": 4, "padding_positions": 1, "packed_rows": 1, "packed_row_docs": 2}
+    assert state[RECENT] == {"window": 2, "batches": [{"a": [1, 3], "b": [0, 4]}]}
+    assert state[LENGTH_POLICY] == {"a": [1, 2, 0]}
+
+
+def test_names_list_the_stream_first_then_sources_as_they_appear() -> None:
+    agg = DatasetMetricsAggregator({"z": 1.0}, stream_name="mix")
+    assert agg.names == ["mix", "z"]
+    agg.update(provenance(["b", "a", "z"], [1, 1, 1]))
+    assert agg.names == ["mix", "z", "b", "a"]
+    agg.load_state_dict(DatasetMetricsAggregator(None, stream_name="mix").state_dict())
+    assert agg.names == ["mix", "z"], "restoring keeps the stream and the weighted sources"
+
+
+def test_invalid_weights_and_stream_names_raise() -> None:
+    with pytest.raises(ValueError, match="non-empty string"):
+        DatasetMetricsAggregator(None, stream_name="")
+    with pytest.raises(ValueError, match="finite, non-negative and sum to > 0"):
+        DatasetMetricsAggregator({"a": -1.0, "b": 2.0})
+    with pytest.raises(ValueError, match="returned no collector"):
+        DatasetMetricsAggregator(None, collectors_factory=lambda name: [])
+    agg = DatasetMetricsAggregator({"a": 1.0})
+    agg.set_source_weights(None)
+    assert agg.source_weights == {}
+    assert "target_weight" not in agg.compute(distributed=False)["a"]["metrics"]
+
 # --------------------------------------------------------------------------- real gloo, 2 processes
 def _gloo_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     """Each rank feeds its own provenance, then computes (a collective) and writes the result.

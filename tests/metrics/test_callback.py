@@ -174,26 +174,6 @@ def test_batch_skipped_by_on_train_batch_start_is_not_counted(tmp_path: Path) ->
         assert got[name]["metrics"]["tokens_seen"] == expected[name]["tokens_seen"]
 
 
-def test_metrics_saved_by_two_ranks_resume_on_one_rank_with_the_same_global_values() -> None:
-    from lightning_tune_data.metrics.aggregator import DatasetMetricsAggregator
-    from lightning_tune_data.metrics.rank_merge import merge_rank_states
-
-    weights = {"web": 0.75, "code": 0.25}
-    ranks = [DatasetMetricsAggregator(weights), DatasetMetricsAggregator(weights)]
-    ranks[0].update({"source": ["web", "code", "web"], "tokens": [10, 4, 6], "epoch": [0, 2, 1], "new_document": [True] * 3})
-    ranks[1].update({"source": ["web", "web"], "tokens": [3, 9], "epoch": [0, 0], "new_document": [True, True]})
-    merged = DatasetMetricsAggregator(weights)
-    merged.load_state_dict(merge_rank_states([r.state_dict() for r in ranks]))
-    got = merged.compute(distributed=False)
-    assert got["web"]["metrics"]["samples_seen"] == 4 and got["web"]["metrics"]["tokens_seen"] == 28
-    assert got["code"]["metrics"]["samples_seen"] == 1 and got["web"]["metrics"]["epochs_completed"] == 1
-    assert sorted(merged.state_dict()["collectors"]["web"][0]["seq_lens"]) == [3, 6, 9, 10]
-
-    callback = DatasetMetricsCallback()
-    callback.load_state_dict({"world_size": 2, "ranks": [r.state_dict() for r in ranks]})
-    assert callback.aggregator.compute(distributed=False)["web"]["metrics"]["tokens_seen"] == 28
-
-
 def _wait_for(paths: list[Path], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not all(p.exists() for p in paths):

@@ -89,3 +89,11 @@ def test_layout_charts_cover_shares_losses_and_truncation() -> None:
     layout = tensorboard_layout()
     assert set(layout) == {"Data mix", "Loss by source", "Length policy"}
     assert all(chart[0] == "Multiline" for group in layout.values() for chart in group.values())
+
+
+def test_percentages_have_one_decimal_and_an_unknown_share_is_a_dash() -> None:
+    from lightning_tune_data.metrics.summary import format_percent
+
+    assert [format_percent(v) for v in (0.25, 1, 0.0004, None)] == ["25.0%", "100.0%", "0.0%", "-"]
+    table = format_mix_table({"all": {"metrics": {}}, "a": {"metrics": {"share": 0.5}}})
+    assert table.splitlines()[3].split() == ["a", "-", "50.0%", "-", "-", "-", "0", "0"]

@@ -80,13 +80,14 @@ def test_validate_and_test_from_a_checkpoint_need_no_train_manager(checkpoint: P
 
 
 def test_prediction_writer_names_a_prediction_it_cannot_decode() -> None:
-    from lightning_tune_data.models.prediction_writer import _rows
+    from lightning_tune_data.models.prediction_writer import sample_token_ids
 
-    assert _rows(torch.tensor([[256, 104], [256, 105]]), "x") == [[256, 104], [256, 105]]
+    assert sample_token_ids(torch.tensor([[256, 104], [256, 105]]), "x") == [[256, 104], [256, 105]]
+    assert sample_token_ids([torch.tensor([1, 2]), (3,)], "x") == [[1, 2], [3]]
     with pytest.raises(ValueError, match=r"dataloader 'gen' returned a tensor of shape \(2,\)"):
-        _rows(torch.tensor([1, 2]), "gen")
+        sample_token_ids(torch.tensor([1, 2]), "gen")
     with pytest.raises(ValueError, match=r"dataloader 'gen' returned dict"):
-        _rows({"ids": [1]}, "gen")
+        sample_token_ids({"ids": [1]}, "gen")
 
 
 def test_infinite_train_stream_with_default_val_check_interval_warns_that_validation_never_runs(

@@ -1,4 +1,4 @@
-"""``lightning-tune-data report``: from the quickstart config (offline) and from a finished run's metrics.csv."""
+"""``lightning-tune-data report``: from the quickstart config (offline), from a finished run's metrics.csv, and its errors."""
 
 from __future__ import annotations
 
@@ -14,11 +14,10 @@ from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger
 from PIL import Image
 
-from lightning_tune_data import ByteTokenizer, DatasetMetricsCallback, LocalDatasetManager, PaddedCollator, TextDataModule
+from lightning_tune_data import DatasetMetricsCallback, LocalDatasetManager, TextDataModule
 from lightning_tune_data.cli import main as cli_main
 from lightning_tune_data.commands.report import main
 from lightning_tune_data.models import TinyCausalLM
-from lightning_tune_data.report.preview import render_rows
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART_SOURCES = ("prose", "arithmetic", "reverse")
@@ -76,23 +75,6 @@ def test_report_previews_rows_with_document_boundaries(quickstart_report: Path) 
     assert re.search(r"^\[doc 0 \| (prose|arithmetic|reverse) \| \d+ tokens\] <bos>", preview, flags=re.M)
 
 
-def test_preview_marks_masked_prompt_tokens_and_padding() -> None:
-    tokenizer = ByteTokenizer()
-    prompt, completion = tokenizer.encode("abc="), tokenizer.encode("cba")
-    ids = [tokenizer.bos_id, *prompt, *completion, tokenizer.eos_id]
-    mask = [False] * (1 + len(prompt)) + [True] * (len(completion) + 1)
-    batch = PaddedCollator(pad_id=tokenizer.pad_id)([
-        {"input_ids": np.array(ids), "loss_mask": np.array(mask), "source": "reverse", "epoch": 0},
-        {"input_ids": np.array([tokenizer.bos_id, *tokenizer.encode("hi"), tokenizer.eos_id]), "source": "lm",
-         "epoch": 0},
-    ])
-    preview = {k: batch[k].tolist() for k in ("input_ids", "labels", "attention_mask")}
-    preview["provenance"] = batch["provenance"]
-    blocks = render_rows(preview, tokenizer)
-    assert blocks[0] == "row 0: 1 document(s), 9 tokens\n[doc 0 | reverse | 9 tokens] <bos>«abc=»cba<eos>"
-    assert blocks[1] == "row 1: 1 document(s), 4 tokens (+5 pad)\n[doc 0 | lm | 4 tokens] <bos>hi<eos>"
-
-
 def test_report_from_a_finished_runs_metrics(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "a.jsonl", make_texts(30, seed=1, prefix="A", max_words=6))
     write_jsonl(tmp_path / "b.jsonl", make_texts(30, seed=2, prefix="B", max_words=30))
@@ -131,3 +113,16 @@ def test_report_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFi
     empty.write_text("step,train/loss\n0,1.0\n")
     assert main(["--metrics", str(empty), "--output", str(tmp_path / "out")]) == 2
     assert "no dataset/<source>/share column" in capsys.readouterr().err
+
+
+def test_help_lists_both_inputs_and_a_missing_input_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_code:
+        main(["--help"])
+    assert exit_code.value.code == 0
+    usage = capsys.readouterr().out
+    assert "--config" in usage and "--metrics" in usage and "--batches" in usage
+    with pytest.raises(SystemExit) as exit_code:
+        main(["--output", "somewhere"])
+    assert exit_code.value.code == 2
+    assert "one of the arguments --config --metrics is required" in capsys.readouterr().err
+

@@ -1,4 +1,4 @@
-"""Recent-window mix metrics and length-policy counters, from real streams through the collators."""
+"""RecentMix: the mix of the last batches, alone and through the aggregator fed by real streams and collators."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from lightning_tune_data import InMemoryStream, InterleavedDataset, PaddedCollator
 from lightning_tune_data.metrics.aggregator import DatasetMetricsAggregator
-from lightning_tune_data.metrics.window import LengthPolicyCounts, RecentMix
+from lightning_tune_data.metrics.recent_mix import BATCHES, WINDOW, RecentMix
 
 PAD = 258
 
@@ -63,38 +63,6 @@ def test_recent_mix_keeps_only_the_last_window_and_round_trips_its_state() -> No
         RecentMix(window=0)
 
 
-def test_truncation_metrics_equal_the_overlong_documents() -> None:
-    # Source "a": 3 of 8 documents were cut by the stream (truncated_tokens set), 2 dropped before others.
-    a_docs = [{"input_ids": d} for d in documents(8, 6, 5)]
-    for i, cut in ((0, 4), (3, 1), (6, 10)):
-        a_docs[i]["truncated_tokens"] = cut
-    a_docs[1]["dropped_before"] = 2
-    # Source "b": 2 of 6 documents are longer than max_seq_len=8 and reach the collator's safety net.
-    b_docs = documents(4, 6, 6) + documents(2, 11, 7)
-    collate = PaddedCollator(pad_id=PAD, max_seq_len=8)
-    aggregator = DatasetMetricsAggregator({"a": 1, "b": 1})
-    for name, docs in (("a", a_docs), ("b", b_docs)):
-        samples = list(itertools.islice(iter(InMemoryStream(docs, name, shuffle=False)), len(docs)))
-        batch = collate(samples)
-        aggregator.update(batch["provenance"], batch)
-    metrics = aggregator.compute(distributed=False)
-    assert {k: metrics["a"]["metrics"][k] for k in ("truncated_docs", "truncated_tokens", "dropped_docs")} == {
-        "truncated_docs": 3, "truncated_tokens": 15, "dropped_docs": 2}
-    assert {k: metrics["b"]["metrics"][k] for k in ("truncated_docs", "truncated_tokens", "dropped_docs")} == {
-        "truncated_docs": 2, "truncated_tokens": 6, "dropped_docs": 0}
-    assert metrics["all"]["metrics"]["truncated_docs"] == 5 and metrics["all"]["metrics"]["dropped_docs"] == 2
-
-
-def test_length_policy_counts_each_document_once_and_sum_over_ranks() -> None:
-    counts = LengthPolicyCounts()
-    counts.add(["a", "a", "b"], [3, 3, 0], [0, 0, 1], [True, False, True])  # a's second piece continues the first
-    other = LengthPolicyCounts()
-    other.add(["a"], [2], [4], [True])
-    merged = LengthPolicyCounts.merged([counts.state_dict(), other.state_dict()])
-    assert merged == {"a": {"truncated_docs": 2, "truncated_tokens": 5, "dropped_docs": 4},
-                      "b": {"truncated_docs": 0, "truncated_tokens": 0, "dropped_docs": 1}}
-
-
 def test_aggregator_state_keeps_window_and_truncation_counts() -> None:
     aggregator = DatasetMetricsAggregator({"a": 0.6, "b": 0.4}, window=7)
     feed(aggregator, [0.6, 0.4], batches=10, seed=8)
@@ -104,7 +72,36 @@ def test_aggregator_state_keeps_window_and_truncation_counts() -> None:
     assert restored.compute(distributed=False) == aggregator.compute(distributed=False)
 
 
-def test_target_weights_are_reported_as_written() -> None:
-    weights = DatasetMetricsAggregator({"prose": 0.6, "arithmetic": 0.3, "reverse": 0.1}).compute(distributed=False)
-    assert [weights[n]["metrics"]["target_weight"] for n in ("prose", "arithmetic", "reverse")] == [0.6, 0.3, 0.1]
-    assert repr(weights["reverse"]["metrics"]["target_weight"]) == "0.1"
+def test_recent_mix_counts_documents_on_their_first_piece_and_tokens_on_every_piece() -> None:
+    recent = RecentMix(window=3)
+    recent.add_batch(["a", "b", "a"], [4, 7, 2], [True, True, False])
+    assert recent.state_dict() == {WINDOW: 3, BATCHES: [{"a": [1, 6], "b": [1, 7]}]}
+    assert RecentMix.shares([recent.state_dict()]) == {
+        "a": {"window_share": 0.5, "window_token_share": 6 / 13},
+        "b": {"window_share": 0.5, "window_token_share": 7 / 13},
+    }
+    assert RecentMix.shares([RecentMix(window=3).state_dict()]) == {}, "an empty window reports no source"
+
+
+def test_loading_a_longer_saved_window_keeps_its_newest_batches() -> None:
+    saved = RecentMix(window=4)
+    for tokens in (1, 2, 3, 4):
+        saved.add_batch(["a"], [tokens], [True])
+    shorter = RecentMix(window=2)
+    shorter.load_state_dict(saved.state_dict())
+    assert shorter.state_dict() == {WINDOW: 2, BATCHES: [{"a": [1, 3]}, {"a": [1, 4]}]}
+    shorter.load_state_dict({})
+    assert shorter.state_dict() == {WINDOW: 2, BATCHES: []}
+
+
+def test_folded_windows_add_up_batch_by_batch_aligned_at_the_newest_batch() -> None:
+    first, second = RecentMix(window=3), RecentMix(window=2)
+    for source, tokens in (("a", 1), ("a", 2), ("b", 3)):
+        first.add_batch([source], [tokens], [True])
+    second.add_batch(["a", "b"], [10, 20], [True, False])
+    folded = RecentMix.folded([first.state_dict(), second.state_dict(), {}])
+    # the second rank's only batch lines up with the first rank's newest one
+    assert folded == {WINDOW: 3, BATCHES: [{"a": [1, 1]}, {"a": [1, 2]}, {"b": [1, 23], "a": [1, 10]}]}
+    assert RecentMix.shares([folded]) == RecentMix.shares([first.state_dict(), second.state_dict()])
+    assert RecentMix.folded([]) == {WINDOW: 0, BATCHES: []}
+

@@ -1,0 +1,32 @@
+"""The tokenizer contract: what the data pipeline needs from a tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Tokenizer"]
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the data pipeline needs from a tokenizer.
+
+    ``encode`` adds no special tokens (the preprocessing adds BOS/EOS itself), ``decode`` drops
+    them; ``identity`` is a string that changes whenever the tokenization could change: it keys
+    the preprocessing cache.
+    """
+
+    bos_id: int
+    eos_id: int
+    pad_id: int
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def identity(self) -> str: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lightning_tune_data.cache.store import is_valid_cache
+from lightning_tune_data.cache.marker import is_valid_cache
 from lightning_tune_data.managers import (
     STAGES,
     CacheMissingError,

@@ -22,11 +22,15 @@ class Tokenizer(Protocol):
     pad_id: int
 
     @property
-    def vocab_size(self) -> int: ...
+    def vocab_size(self) -> int:
+        """Number of ids: every id ``encode`` returns, and every special id, is below it."""
 
     @property
-    def identity(self) -> str: ...
+    def identity(self) -> str:
+        """A string that changes whenever the tokenization could change (it keys the cache)."""
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, without special tokens."""
 
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``; special tokens are dropped."""

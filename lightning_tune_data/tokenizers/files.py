@@ -54,5 +54,5 @@ def import_optional(module: str, owner: str) -> ModuleType:
     """
     try:
         return importlib.import_module(module)
-    except ImportError as error:  # pragma: no cover - depends on the environment
+    except ImportError as error:
         raise ImportError(f"{owner} needs the optional '{module}' package: {INSTALL_HINT}") from error

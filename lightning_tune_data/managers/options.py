@@ -164,8 +164,9 @@ class SourceOptions:
 
         Raises:
             DataSourceError: A value is out of range, ``load_kwargs`` repeats an argument the
-                manager sets, a dotted path does not import, or ``preprocess_kwargs`` are not
-                parameters of the preprocess function (or are given without one).
+                manager sets, the preprocess function does not import, or ``preprocess_kwargs``
+                are not parameters of it (or are given without one).
+            ValueError: A transform's or filter's dotted path does not import.
         """
         _check_numbers(arguments, description)
         stream_retries = validate_stream_retries(arguments["stream_retries"], description)

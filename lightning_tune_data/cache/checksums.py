@@ -38,9 +38,9 @@ __all__ = [
 
 #: The hash recorded per file (name stored with it, so it can change later).
 CHECKSUM_ALGORITHM = "xxh3_128"
-#: How a reused cache's files are checked.
-VERIFY_MODES = ("checksum", "size")
 VerifyMode = Literal["checksum", "size"]
+#: How a reused cache's files are checked.
+VERIFY_MODES: tuple[str, ...] = VerifyMode.__args__
 #: Bytes read at a time when hashing a file.
 READ_CHUNK_BYTES = 8 << 20
 #: Remembers the content hash of data files by (size, mtime, inode), so unchanged files are
@@ -50,7 +50,11 @@ _memo: dict[str, dict[str, Any]] = {}
 
 
 def file_checksum(path: str | os.PathLike[str]) -> str:
-    """The ``xxh3_128`` hex digest of a file's bytes (read in 8 MiB chunks)."""
+    """The ``xxh3_128`` hex digest of a file's bytes (read in 8 MiB chunks).
+
+    Args:
+        path: The file to hash.
+    """
     digest = xxhash.xxh3_128()
     buffer = bytearray(READ_CHUNK_BYTES)
     view = memoryview(buffer)

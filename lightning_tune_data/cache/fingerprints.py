@@ -88,7 +88,11 @@ def json_default(value: Any) -> Any:
 
 
 def canonical_json(obj: Any) -> str:
-    """Serialise ``obj`` deterministically (sorted keys, no whitespace) for hashing/comparison."""
+    """Serialise ``obj`` deterministically (sorted keys, no whitespace) for hashing/comparison.
+
+    Args:
+        obj: JSON-like data; other values are described by :func:`json_default`.
+    """
     return json.dumps(
         obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=json_default
     )

@@ -22,7 +22,11 @@ COMPLETE_MARKER = "_COMPLETE.json"
 
 
 def read_cache_metadata(cache_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """Return the marker contents of a complete cache, or ``None`` if there is no valid marker."""
+    """Return the marker contents of a complete cache, or ``None`` if there is no valid marker.
+
+    Args:
+        cache_dir: The cache folder.
+    """
     marker = Path(cache_dir) / COMPLETE_MARKER
     try:
         with open(marker, encoding="utf-8") as handle:

@@ -24,7 +24,13 @@ __all__ = ["changed_data_file", "describe_changes", "previous_build", "rebuild_r
 
 
 def previous_build(cache_root: str | os.PathLike[str], source_key: str, exclude: Path) -> dict[str, Any] | None:
-    """The marker (plus ``"path"``) of the newest other complete cache built for ``source_key``."""
+    """The marker (plus ``"path"``) of the newest other complete cache built for ``source_key``.
+
+    Args:
+        cache_root: The cache root.
+        source_key: The source's folder-safe name recorded with each build.
+        exclude: The cache folder being built (not a previous build).
+    """
     root = Path(cache_root)
     newest: tuple[float, dict[str, Any]] | None = None
     for marker_path in root.glob(f"*/{COMPLETE_MARKER}"):
@@ -40,7 +46,11 @@ def previous_build(cache_root: str | os.PathLike[str], source_key: str, exclude:
 
 
 def recorded_data_files(parts: Mapping[str, Any]) -> dict[str, Any]:
-    """The identities of the data files a build recorded in its fingerprint parts, by path."""
+    """The identities of the data files a build recorded in its fingerprint parts, by path.
+
+    Args:
+        parts: The fingerprint parts a build recorded.
+    """
     source = parts.get("source") or {}
     files = {entry["path"]: entry for entry in source.get("data_file_identities") or [] if isinstance(entry, dict)}
     for entry in source.get("local_folder") or []:
@@ -50,7 +60,12 @@ def recorded_data_files(parts: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """Which inputs differ between two recorded builds (``{"package_version", "parts"}``), in words."""
+    """Which inputs differ between two recorded builds (``{"package_version", "parts"}``), in words.
+
+    Args:
+        old: The inputs of the earlier build.
+        new: The inputs of this build.
+    """
     changes: list[str] = []
     if old.get("package_version") != new.get("package_version"):
         changes.append(f"the package version changed ({old.get('package_version')} -> {new.get('package_version')})")
@@ -85,7 +100,13 @@ def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
 
 
 def rebuild_reason(cache_root: str | os.PathLike[str], inputs: Mapping[str, Any], final_dir: Path) -> str:
-    """Why a build of this source is needed, compared with its newest earlier build."""
+    """Why a build of this source is needed, compared with its newest earlier build.
+
+    Args:
+        cache_root: The cache root.
+        inputs: The inputs of this build (``source_key``, ``package_version``, ``parts``).
+        final_dir: The cache folder being built.
+    """
     previous = previous_build(cache_root, inputs["source_key"], exclude=final_dir)
     if previous is None:
         return "no earlier build of this source"

@@ -8,7 +8,11 @@ __all__ = ["human_size", "tree_size"]
 
 
 def human_size(num_bytes: float) -> str:
-    """Bytes as ``"12.3 MB"`` (decimal units)."""
+    """Bytes as ``"12.3 MB"`` (decimal units).
+
+    Args:
+        num_bytes: A size in bytes.
+    """
     for unit in ("B", "KB", "MB", "GB"):
         if num_bytes < 1000 or unit == "GB":
             return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
@@ -17,7 +21,11 @@ def human_size(num_bytes: float) -> str:
 
 
 def tree_size(root: str | os.PathLike[str]) -> int:
-    """Bytes of the regular files under ``root``."""
+    """Bytes of the regular files under ``root``.
+
+    Args:
+        root: The folder (a missing one has 0 bytes).
+    """
     total = 0
     for dirpath, _, filenames in os.walk(root):
         for filename in filenames:

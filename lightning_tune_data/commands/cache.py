@@ -71,7 +71,11 @@ def _describe(path: Path, root: Path) -> CacheEntry:
 
 
 def scan(root: str | os.PathLike[str]) -> list[CacheEntry]:
-    """Every cache, unfinished build and orphan lock file directly under ``root``."""
+    """Every cache, unfinished build and orphan lock file directly under ``root``.
+
+    Args:
+        root: The cache root (a missing one holds nothing).
+    """
     root = Path(root)
     entries: list[CacheEntry] = []
     if not root.is_dir():
@@ -128,7 +132,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    """Run ``cache list`` or ``cache clean``; returns the exit code."""
+    """Run ``cache list`` or ``cache clean``; returns the exit code.
+
+    Args:
+        argv: The arguments after ``cache`` (``list``/``clean`` and their options).
+    """
     args = _parser().parse_args(argv)
     root = Path(args.cache_dir).expanduser()
     entries = [e for e in scan(root) if args.source is None or e.source == args.source]

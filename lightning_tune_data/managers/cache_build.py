@@ -43,6 +43,12 @@ def progress_bars_off() -> Iterator[None]:
 def check_token_ids(dataset: datasets.Dataset, vocab_size: int, tokenizer: Any, description: str) -> None:
     """Fail when a token id is negative or not below ``vocab_size`` (one pass over the column).
 
+    Args:
+        dataset: The freshly preprocessed dataset (its ``input_ids`` column).
+        vocab_size: Every id must be below it.
+        tokenizer: Named in the error.
+        description: Names the source in the error.
+
     Raises:
         PreprocessError: Naming the id, its row and the tokenizer.
     """

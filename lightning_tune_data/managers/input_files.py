@@ -23,7 +23,11 @@ LINE_BUILDERS = ("json", "csv", "text")
 
 
 def first_invalid_row(chunk: pa.Array) -> int:
-    """Position of the first element of ``chunk`` that fails full Arrow validation."""
+    """Position of the first element of ``chunk`` that fails full Arrow validation.
+
+    Args:
+        chunk: An Arrow array that fails full validation.
+    """
     for position in range(len(chunk)):
         try:
             chunk.slice(position, 1).validate(full=True)
@@ -77,7 +81,11 @@ class InputFiles:
         self.load_kwargs = load_kwargs
 
     def warn_empty(self, description: str) -> None:
-        """Warn about each empty file (it adds no rows)."""
+        """Warn about each empty file (it adds no rows).
+
+        Args:
+            description: Names the source in the warning.
+        """
         for path in self.paths:
             if os.path.getsize(path) == 0:
                 warnings.warn(f"{description}: data file {path} is empty; it adds no rows.", stacklevel=2)
@@ -141,6 +149,10 @@ class InputFiles:
 
     def check_table(self, dataset: datasets.Dataset, description: str) -> None:
         """Fail, naming row, column and file, on raw data Arrow cannot read (e.g. invalid UTF-8).
+
+        Args:
+            dataset: The raw dataset, as loaded from the files.
+            description: Names the source in the error.
 
         Raises:
             PreprocessError: A value fails Arrow's full validation.

@@ -27,7 +27,11 @@ COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip")
 
 
 def file_ds_type(path: str) -> str | None:
-    """The ``ds_type`` a file's extension implies (``data.jsonl.gz`` -> ``"json"``), or ``None``."""
+    """The ``ds_type`` a file's extension implies (``data.jsonl.gz`` -> ``"json"``), or ``None``.
+
+    Args:
+        path: A data file's path.
+    """
     name = os.path.basename(path).lower()
     for suffix in COMPRESSION_SUFFIXES:
         if name.endswith(suffix):
@@ -38,6 +42,10 @@ def file_ds_type(path: str) -> str | None:
 
 def resolve_ds_type(ds_type: str | None, files: list[str]) -> str:
     """``ds_type`` as given, checked against the files' extensions, or inferred from them.
+
+    Args:
+        ds_type: The ``ds_type`` given, or ``None`` to infer it.
+        files: The resolved data files.
 
     Raises:
         DataSourceError: The extensions disagree with each other or with ``ds_type``, or no

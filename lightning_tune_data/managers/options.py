@@ -205,6 +205,9 @@ class SourceOptions:
     def resolve_preprocess_function(self, description: str) -> Callable | None:
         """The preprocess function itself (``None`` when the data is pre-tokenized).
 
+        Args:
+            description: Names the source in the error.
+
         Raises:
             DataSourceError: The dotted path does not import; the message names ``description``.
         """
@@ -225,6 +228,10 @@ class SourceOptions:
     def check_preprocess_kwargs(self, function: Callable, description: str) -> None:
         """Fail when ``preprocess_kwargs`` holds a name the preprocess function does not accept.
 
+        Args:
+            function: The resolved preprocess function.
+            description: Names the source in the error.
+
         Raises:
             DataSourceError: Naming the unknown keyword arguments and the accepted ones.
         """
@@ -244,7 +251,11 @@ class SourceOptions:
             )
 
     def preprocess_identity(self, function: Callable | None) -> dict[str, Any]:
-        """The fingerprint part of the preprocessing: what changes the cached tokens."""
+        """The fingerprint part of the preprocessing: what changes the cached tokens.
+
+        Args:
+            function: The resolved preprocess function (``None``: pre-tokenized data).
+        """
         return {
             "function": callable_identity(function) if function is not None else None,
             "kwargs": self.preprocess_kwargs,
@@ -254,6 +265,9 @@ class SourceOptions:
 
     def stream_transforms(self, description: str) -> dict[str, Any]:
         """The transforms and filter as callables (``filter_kwargs`` as a dict), in their order.
+
+        Args:
+            description: Names the source in the error.
 
         Raises:
             ValueError: A dotted path does not import; the message names ``description``.

@@ -57,7 +57,12 @@ class Preprocessing:
         return self.options.preprocess_function is None
 
     def runner(self, tokenizer: Tokenizer, max_error_count: int = 0) -> PreprocessRunner:
-        """The ``Dataset.map`` function that applies the preprocess function."""
+        """The ``Dataset.map`` function that applies the preprocess function.
+
+        Args:
+            tokenizer: Passed to the preprocess function.
+            max_error_count: Failing rows the runner may tag instead of raising.
+        """
         function = self.options.resolve_preprocess_function(self.description)
         assert function is not None
         return PreprocessRunner(
@@ -67,6 +72,9 @@ class Preprocessing:
 
     def removed_columns(self, columns: list[str]) -> list[str]:
         """The columns the map drops: ``columns_to_remove``, or all of ``columns``.
+
+        Args:
+            columns: The columns of the loaded data.
 
         Raises:
             DataSourceError: ``columns_to_remove`` names a column the data does not have.
@@ -83,6 +91,10 @@ class Preprocessing:
 
     def pretokenized(self, dataset: Any, columns: list[str]) -> Any:
         """The token columns of data that is already tokenized.
+
+        Args:
+            dataset: The loaded data (a dataset or a stream).
+            columns: Its columns.
 
         Raises:
             DataSourceError: The data has no ``input_ids`` column.

@@ -87,7 +87,12 @@ class UnconditionalGenerationDatasetManager(DatasetManager):
         return {"num_examples": self.num_examples}
 
     def cache_dir_for(self, tokenizer: Tokenizer, cache_dir: str | Path) -> Path:
-        """Not applicable: unconditional prompts are never cached."""
+        """Not applicable: unconditional prompts are never cached.
+
+        Args:
+            tokenizer: Unused.
+            cache_dir: Unused.
+        """
         raise DataSourceError(f"{self.source_description} has no cache (nothing to preprocess).")
 
     def examples_for_rank(self, rank: int, world_size: int) -> list[int]:
@@ -110,7 +115,12 @@ class UnconditionalGenerationDatasetManager(DatasetManager):
         return range(start, start + base + (1 if rank < extra else 0))
 
     def prepare_data(self, tokenizer: Tokenizer, cache_dir: str | Path | None = None) -> Path | None:
-        """Nothing to prepare; returns ``None``."""
+        """Nothing to prepare; returns ``None``.
+
+        Args:
+            tokenizer: Unused (accepted for a uniform manager interface).
+            cache_dir: Unused.
+        """
         return None
 
     def setup(

@@ -30,7 +30,15 @@ class Tokenizer(Protocol):
         """A string that changes whenever the tokenization could change (it keys the cache)."""
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, without special tokens."""
+        """Token ids of ``text``, without special tokens.
+
+        Args:
+            text: The text to tokenize.
+        """
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids``; special tokens are dropped."""
+        """Text of ``ids``; special tokens are dropped.
+
+        Args:
+            ids: Token ids.
+        """

@@ -29,11 +29,19 @@ class ByteTokenizer:
         return "ByteTokenizer:v1"
 
     def encode(self, text: str) -> list[int]:
-        """The UTF-8 bytes of ``text``, without special tokens."""
+        """The UTF-8 bytes of ``text``, without special tokens.
+
+        Args:
+            text: The text to tokenize.
+        """
         return list(text.encode("utf-8"))
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of the byte ids among ``ids`` (special ids are dropped; invalid UTF-8 is replaced)."""
+        """Text of the byte ids among ``ids`` (special ids are dropped; invalid UTF-8 is replaced).
+
+        Args:
+            ids: Token ids.
+        """
         return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:

@@ -35,7 +35,11 @@ TOKENIZER_FILE_NAMES: frozenset[str] = frozenset(
 
 
 def sha256_files(paths: Sequence[str]) -> str:
-    """Hash the names and contents of ``paths`` (in the given order) into one hex digest."""
+    """Hash the names and contents of ``paths`` (in the given order) into one hex digest.
+
+    Args:
+        paths: The files, in the order they are hashed.
+    """
     digest = hashlib.sha256()
     for path in paths:
         digest.update(os.path.basename(path).encode("utf-8") + b"\0")
@@ -48,6 +52,10 @@ def sha256_files(paths: Sequence[str]) -> str:
 
 def import_optional(module: str, owner: str) -> ModuleType:
     """Import the optional library ``module`` that ``owner`` (a class name) needs.
+
+    Args:
+        module: The library's module name.
+        owner: The class that needs it (named in the error).
 
     Raises:
         ImportError: The library is not installed; the message says how to install it.

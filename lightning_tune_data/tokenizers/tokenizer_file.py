@@ -78,7 +78,11 @@ class TokenizerFileTokenizer:
         )
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` without any special tokens."""
+        """Token ids of ``text`` without any special tokens.
+
+        Args:
+            text: The text to tokenize.
+        """
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
@@ -86,12 +90,19 @@ class TokenizerFileTokenizer:
 
         Uses ``encode_batch_fast`` where the installed ``tokenizers`` has it: the same ids,
         without computing character offsets, which the pipeline never reads.
+
+        Args:
+            texts: The texts to tokenize.
         """
         encode = getattr(self._tokenizer, "encode_batch_fast", None) or self._tokenizer.encode_batch
         return [encoding.ids for encoding in encode(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids``; special tokens (BOS/EOS/pad...) are dropped."""
+        """Text of ``ids``; special tokens (BOS/EOS/pad...) are dropped.
+
+        Args:
+            ids: Token ids.
+        """
         return str(self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=True))
 
     def __repr__(self) -> str:

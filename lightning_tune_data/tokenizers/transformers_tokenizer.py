@@ -94,11 +94,19 @@ class TransformersTokenizer:
         )
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` without any special tokens."""
+        """Token ids of ``text`` without any special tokens.
+
+        Args:
+            text: The text to tokenize.
+        """
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids``; special tokens (BOS/EOS/pad...) are dropped."""
+        """Text of ``ids``; special tokens (BOS/EOS/pad...) are dropped.
+
+        Args:
+            ids: Token ids.
+        """
         return str(self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=True))
 
     def __repr__(self) -> str:

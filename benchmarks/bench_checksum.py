@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lightning_tune_data.cache import store as cache  # noqa: E402
-from lightning_tune_data.cache.checksums import _CHUNK  # noqa: E402
+import lightning_tune_data.cache as cache  # noqa: E402
+from lightning_tune_data.cache.checksums import READ_CHUNK_BYTES as _CHUNK  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 

@@ -27,6 +27,7 @@ import xxhash
 __all__ = [
     "CHECKSUM_ALGORITHM",
     "FILE_HASH_MEMO",
+    "READ_CHUNK_BYTES",
     "VERIFY_MODES",
     "VerifyMode",
     "file_checksum",
@@ -37,10 +38,11 @@ __all__ = [
 
 #: The hash recorded per file (name stored with it, so it can change later).
 CHECKSUM_ALGORITHM = "xxh3_128"
-#: How a reused cache's files are checked.
-VERIFY_MODES = ("checksum", "size")
 VerifyMode = Literal["checksum", "size"]
-_CHUNK = 8 << 20
+#: How a reused cache's files are checked.
+VERIFY_MODES: tuple[str, ...] = VerifyMode.__args__
+#: Bytes read at a time when hashing a file.
+READ_CHUNK_BYTES = 8 << 20
 #: Remembers the content hash of data files by (size, mtime, inode), so unchanged files are
 #: not re-read and a ``touch`` costs one re-hash, not a rebuild. Lives in the cache root.
 FILE_HASH_MEMO = ".file-hashes.json"
@@ -48,9 +50,13 @@ _memo: dict[str, dict[str, Any]] = {}
 
 
 def file_checksum(path: str | os.PathLike[str]) -> str:
-    """The ``xxh3_128`` hex digest of a file's bytes (read in 8 MiB chunks)."""
+    """The ``xxh3_128`` hex digest of a file's bytes (read in 8 MiB chunks).
+
+    Args:
+        path: The file to hash.
+    """
     digest = xxhash.xxh3_128()
-    buffer = bytearray(_CHUNK)
+    buffer = bytearray(READ_CHUNK_BYTES)
     view = memoryview(buffer)
     with open(path, "rb", buffering=0) as handle:
         while True:

@@ -1,7 +1,7 @@
-"""Preprocessing caches: content fingerprints and crash-safe, lock-guarded atomic writes.
+"""Atomic cache builds: crash-safe, lock-guarded writes of a cache folder.
 
 A cache directory is *valid* only when it holds the completion marker ``_COMPLETE.json`` whose
-metadata matches what the reader expects. Caches are built in a temporary directory beside the
+metadata matches what the reader expects (:mod:`lightning_tune_data.cache.marker`). Caches are built in a temporary directory beside the
 final one, the checksum of every file is recorded in the marker, the marker is written last,
 everything is fsynced, and the directory is renamed into place, all under a file lock
 (``<final_dir>.lock``). A process killed at any point therefore leaves either nothing, or a
@@ -16,9 +16,6 @@ directory that cannot be written fails with :class:`CacheReadOnlyError`.
 from __future__ import annotations
 
 import errno
-import functools
-import hashlib
-import inspect
 import json
 import logging
 import os
@@ -31,25 +28,14 @@ from typing import Any
 
 from filelock import FileLock
 
-
 import lightning_tune_data.version as package_version
-from lightning_tune_data.cache.checksums import FILE_HASH_MEMO, VERIFY_MODES, VerifyMode, file_identity, tree_checksums, verify_files
+from lightning_tune_data.cache.checksums import VERIFY_MODES, VerifyMode, tree_checksums, verify_files
+from lightning_tune_data.cache.fingerprints import CACHE_FORMAT_VERSION, canonical_json, json_default
+from lightning_tune_data.cache.layout import lock_path, temporary_prefix
+from lightning_tune_data.cache.marker import COMPLETE_MARKER, is_valid_cache, read_cache_metadata
+from lightning_tune_data.cache.sizes import human_size, tree_size
 
-__all__ = [
-    "CACHE_FORMAT_VERSION",
-    "COMPLETE_MARKER",
-    "CacheReadOnlyError",
-    "FILE_HASH_MEMO",
-    "build_cache_atomically",
-    "callable_identity",
-    "check_complete_cache",
-    "canonical_json",
-    "file_identity",
-    "fingerprint",
-    "is_valid_cache",
-    "read_cache_metadata",
-    "tree_size",
-]
+__all__ = ["CacheReadOnlyError", "build_cache_atomically", "check_complete_cache"]
 
 log = logging.getLogger(__name__)
 # Cache hits and builds are one line each and must show at the default log level (Python's
@@ -62,125 +48,10 @@ if not logging.getLogger().hasHandlers():
     log.addHandler(_handler)
     log.propagate = False
 
-#: Bump when the on-disk layout of caches changes; it is part of every fingerprint and marker.
-CACHE_FORMAT_VERSION = 2
-#: Name of the completion marker, written last into a finished cache directory.
-COMPLETE_MARKER = "_COMPLETE.json"
 
 class CacheReadOnlyError(PermissionError):
     """A cache must be built but its directory cannot be written; the message names the
     directory and the ``cache_dir`` option."""
-
-
-def callable_identity(fn: Any) -> dict[str, Any]:
-    """Describe a callable so that editing its code changes the description.
-
-    Args:
-        fn: A function, ``functools.partial``, bound method or callable object.
-
-    Returns:
-        ``{"module", "qualname", "source_sha256"}`` (``source_sha256`` is ``None`` when the source
-        is unavailable, e.g. for builtins); partials also record their bound arguments.
-    """
-    if isinstance(fn, functools.partial):
-        return {
-            "partial": callable_identity(fn.func),
-            "args": list(fn.args),
-            "keywords": dict(fn.keywords),
-        }
-    target = getattr(fn, "__func__", fn)  # bound methods: the function
-    if not (inspect.isfunction(target) or inspect.isclass(target) or inspect.isbuiltin(target)):
-        target = type(target)  # callable instances: their class
-    try:
-        source_hash: str | None = hashlib.sha256(inspect.getsource(target).encode()).hexdigest()
-    except (OSError, TypeError):
-        source_hash = None
-    return {
-        "module": getattr(target, "__module__", None),
-        "qualname": getattr(target, "__qualname__", repr(target)),
-        "source_sha256": source_hash,
-    }
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=repr)
-    if isinstance(value, bytes):
-        return value.hex()
-    if hasattr(value, "item") and callable(value.item):  # numpy scalars
-        return value.item()
-    if callable(value):
-        return callable_identity(value)
-    text = repr(value)
-    if " at 0x" in text:
-        raise TypeError(
-            f"cannot fingerprint a value of type {type(value).__name__} ({text}): its repr is not "
-            f"stable across runs. Use plain JSON values (str, int, float, bool, list, dict) in "
-            f"configuration that keys the cache."
-        )
-    return {"repr": text, "type": f"{type(value).__module__}.{type(value).__qualname__}"}
-
-
-def canonical_json(obj: Any) -> str:
-    """Serialise ``obj`` deterministically (sorted keys, no whitespace) for hashing/comparison."""
-    return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=_json_default
-    )
-
-
-def fingerprint(parts: Mapping[str, Any]) -> str:
-    """Stable sha256 hex digest of everything that changes a cache's content.
-
-    The package version and :data:`CACHE_FORMAT_VERSION` are added here, so callers pass only
-    their own parts (source spec, data-file identities, preprocess function identity and kwargs,
-    tokenizer identity, ...).
-
-    Args:
-        parts: JSON-like description; paths, sets and callables are canonicalised.
-
-    Returns:
-        64 hex characters.
-    """
-    payload = {
-        "parts": dict(parts),
-        "package_version": package_version.__version__,
-        "cache_format": CACHE_FORMAT_VERSION,
-    }
-    return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
-
-
-def read_cache_metadata(cache_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """Return the marker contents of a complete cache, or ``None`` if there is no valid marker."""
-    marker = Path(cache_dir) / COMPLETE_MARKER
-    try:
-        with open(marker, encoding="utf-8") as handle:
-            content = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(content, dict) or content.get("cache_format") != CACHE_FORMAT_VERSION:
-        return None
-    return content
-
-
-def is_valid_cache(
-    cache_dir: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None
-) -> bool:
-    """Whether ``cache_dir`` is a finished cache (its completion marker exists and parses).
-
-    Args:
-        cache_dir: The cache directory.
-        metadata: If given, the marker's metadata must also equal it (compared canonically).
-    """
-    if not Path(cache_dir).is_dir():
-        return False
-    content = read_cache_metadata(cache_dir)
-    if content is None:
-        return False
-    if metadata is None:
-        return True
-    return canonical_json(content.get("metadata")) == canonical_json(dict(metadata))
 
 
 def _fsync_path(path: Path) -> None:
@@ -199,31 +70,6 @@ def _fsync_tree(root: Path) -> None:
         for filename in filenames:
             _fsync_path(Path(dirpath) / filename)
         _fsync_path(Path(dirpath))
-
-
-def _temp_prefix(final_dir: Path) -> str:
-    return f".{final_dir.name}.tmp-"
-
-
-def human_size(num_bytes: float) -> str:
-    """Bytes as ``"12.3 MB"`` (decimal units)."""
-    for unit in ("B", "KB", "MB", "GB"):
-        if num_bytes < 1000 or unit == "GB":
-            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
-        num_bytes /= 1000
-    return f"{num_bytes:.1f} TB"
-
-
-def tree_size(root: str | os.PathLike[str]) -> int:
-    """Bytes of the regular files under ``root``."""
-    total = 0
-    for dirpath, _, filenames in os.walk(root):
-        for filename in filenames:
-            try:
-                total += os.lstat(os.path.join(dirpath, filename)).st_size
-            except OSError:
-                pass
-    return total
 
 
 def check_complete_cache(
@@ -262,16 +108,16 @@ def _read_only_error(parent: Path, final_dir: Path, why: str, description: str, 
 
 def _prepare_lock(parent: Path, final_dir: Path, why: str, description: str) -> str:
     """Create the cache root and the lock file, turning 'cannot write here' into a clear error."""
-    lock_path = str(final_dir) + ".lock"
+    lock = str(lock_path(final_dir))
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
         os.close(fd)
     except OSError as error:
         if _not_writable(error):
             raise _read_only_error(parent, final_dir, why, description, error) from error
         raise
-    return lock_path
+    return lock
 
 
 def build_cache_atomically(
@@ -329,14 +175,14 @@ def build_cache_atomically(
                      human_size(tree_size(final_dir)), "checksums" if verify_mode == "checksum" else "sizes")
             return final_dir
     why = f"corrupt: {corrupt}" if corrupt else "no complete cache for this configuration"
-    lock_path = _prepare_lock(parent, final_dir, why, description)
-    with FileLock(lock_path, timeout=lock_timeout):
+    lock = _prepare_lock(parent, final_dir, why, description)
+    with FileLock(lock, timeout=lock_timeout):
         if is_valid_cache(final_dir, metadata):  # built (or repaired) meanwhile by another process?
             corrupt = check_complete_cache(final_dir, verify, verify_mode)
             if corrupt is None:
                 log.info("%s: using cache %s (built by another process)", description, final_dir)
                 return final_dir
-        for stale in parent.glob(_temp_prefix(final_dir) + "*"):
+        for stale in parent.glob(temporary_prefix(final_dir) + "*"):
             # We hold the lock, so no live process is building into these: they are leftovers
             # of a build that was killed.
             log.info("Removing leftover temporary cache %s of an interrupted build", stale)
@@ -357,7 +203,7 @@ def build_cache_atomically(
         else:
             reason_line = build_reason() if build_reason is not None else "no cache for this configuration yet"
         # Not tempfile.mkdtemp: it creates mode 0o700, and caches are shared like any directory.
-        temp_dir = parent / f"{_temp_prefix(final_dir)}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        temp_dir = parent / f"{temporary_prefix(final_dir)}{os.getpid()}-{uuid.uuid4().hex[:12]}"
         temp_dir.mkdir()
         try:
             build(temp_dir)
@@ -372,7 +218,7 @@ def build_cache_atomically(
             _fsync_tree(temp_dir)
             marker_path = temp_dir / COMPLETE_MARKER
             with open(marker_path, "w", encoding="utf-8") as handle:
-                handle.write(json.dumps(marker, sort_keys=True, indent=2, default=_json_default))
+                handle.write(json.dumps(marker, sort_keys=True, indent=2, default=json_default))
                 handle.flush()
                 os.fsync(handle.fileno())
             _fsync_path(temp_dir)

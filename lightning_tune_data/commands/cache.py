@@ -25,11 +25,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from lightning_tune_data.cache import store as cache
+from lightning_tune_data.cache.checksums import FILE_HASH_MEMO
+from lightning_tune_data.cache.layout import DOWNLOAD_FOLDER, is_orphan_lock, is_temporary_folder, lock_path
+from lightning_tune_data.cache.marker import COMPLETE_MARKER, read_cache_metadata
+from lightning_tune_data.cache.records import changed_data_file
+from lightning_tune_data.cache.sizes import human_size, tree_size
 from lightning_tune_data.version import __version__
-from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM, FILE_HASH_MEMO, file_identity
 
 __all__ = ["CacheEntry", "main", "scan"]
 
@@ -45,45 +47,35 @@ class CacheEntry:
     stale: str | None  # why it is stale; None when it is usable
 
     def row(self) -> list[str]:
+        """The entry's cells in the ``cache list`` table: name, size, source, build time, status."""
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.built)) if self.built else "-"
-        return [self.path.name, cache.human_size(self.size), self.source, when, f"stale: {self.stale}" if self.stale else "ok"]
-
-
-def _changed_files(parts: dict[str, Any], memo_dir: Path) -> str | None:
-    source = parts.get("source") or {}
-    entries = list(source.get("data_file_identities") or [])
-    entries += [e for e in source.get("local_folder") or [] if isinstance(e, dict)]
-    for entry in entries:
-        path = entry.get("path")
-        if not path or not os.path.isfile(path):
-            return f"data file {path} is gone"
-        if CHECKSUM_ALGORITHM not in entry:
-            continue
-        if file_identity(path, memo_dir=memo_dir)[CHECKSUM_ALGORITHM] != entry[CHECKSUM_ALGORITHM]:
-            return f"data file {os.path.basename(path)} changed since the build"
-    return None
+        return [self.path.name, human_size(self.size), self.source, when, f"stale: {self.stale}" if self.stale else "ok"]
 
 
 def _describe(path: Path, root: Path) -> CacheEntry:
-    size = cache.tree_size(path)
-    content = cache.read_cache_metadata(path)
+    size = tree_size(path)
+    content = read_cache_metadata(path)
     if content is None:
-        marker = path / cache.COMPLETE_MARKER
+        marker = path / COMPLETE_MARKER
         why = "written by another version of the package" if marker.is_file() else "unfinished build (no completion marker)"
         return CacheEntry(path, size, "?", path.stat().st_mtime, why)
     inputs = content.get("inputs") or {}
     source = inputs.get("source_name") or inputs.get("source_key") or content.get("description") or "?"
-    built = (path / cache.COMPLETE_MARKER).stat().st_mtime
+    built = (path / COMPLETE_MARKER).stat().st_mtime
     stale = None
     if content.get("package_version") != __version__:
         stale = f"built by version {content.get('package_version')}, this is {__version__}"
     else:
-        stale = _changed_files(inputs.get("parts") or {}, root)
+        stale = changed_data_file(inputs.get("parts") or {}, root)
     return CacheEntry(path, size, source, built, stale)
 
 
 def scan(root: str | os.PathLike[str]) -> list[CacheEntry]:
-    """Every cache, unfinished build and orphan lock file directly under ``root``."""
+    """Every cache, unfinished build and orphan lock file directly under ``root``.
+
+    Args:
+        root: The cache root (a missing one holds nothing).
+    """
     root = Path(root)
     entries: list[CacheEntry] = []
     if not root.is_dir():
@@ -91,16 +83,16 @@ def scan(root: str | os.PathLike[str]) -> list[CacheEntry]:
     for path in sorted(root.iterdir()):
         if path.name == FILE_HASH_MEMO:
             continue
-        if path.name == "hf_datasets" and path.is_dir():
-            entries.append(CacheEntry(path, cache.tree_size(path), "(datasets library)", path.stat().st_mtime,
+        if path.name == DOWNLOAD_FOLDER and path.is_dir():
+            entries.append(CacheEntry(path, tree_size(path), "(datasets library)", path.stat().st_mtime,
                                       "intermediate files of the datasets library, only read while building"))
             continue
-        if path.is_dir() and path.name.startswith(".") and ".tmp-" in path.name:
-            entries.append(CacheEntry(path, cache.tree_size(path), "?", path.stat().st_mtime,
+        if is_temporary_folder(path):
+            entries.append(CacheEntry(path, tree_size(path), "?", path.stat().st_mtime,
                                       "leftover temporary folder of an interrupted build"))
         elif path.is_dir() and not path.name.startswith("."):
             entries.append(_describe(path, root))
-        elif path.suffix == ".lock" and not path.with_suffix("").exists():
+        elif is_orphan_lock(path):
             entries.append(CacheEntry(path, 0, "?", path.stat().st_mtime, "lock file without a cache"))
     return entries
 
@@ -117,7 +109,7 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink()
-    lock = Path(str(path) + ".lock")
+    lock = lock_path(path)
     if lock.exists():
         lock.unlink()
 
@@ -140,7 +132,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    """Run ``cache list`` or ``cache clean``; returns the exit code."""
+    """Run ``cache list`` or ``cache clean``; returns the exit code.
+
+    Args:
+        argv: The arguments after ``cache`` (``list``/``clean`` and their options).
+    """
     args = _parser().parse_args(argv)
     root = Path(args.cache_dir).expanduser()
     entries = [e for e in scan(root) if args.source is None or e.source == args.source]
@@ -151,8 +147,8 @@ def main(argv: list[str]) -> int:
         print(_table([e.row() for e in entries]))
         stale = [e for e in entries if e.stale]
         total = sum(e.size for e in entries)
-        print(f"\n{len(entries)} entries, {cache.human_size(total)} in {root}; {len(stale)} stale "
-              f"({cache.human_size(sum(e.size for e in stale))}): 'lightning-tune-data cache clean "
+        print(f"\n{len(entries)} entries, {human_size(total)} in {root}; {len(stale)} stale "
+              f"({human_size(sum(e.size for e in stale))}): 'lightning-tune-data cache clean "
               f"--cache_dir {root}' removes them.")
         return 0
     doomed = entries if args.all else [e for e in entries if e.stale]
@@ -164,8 +160,8 @@ def main(argv: list[str]) -> int:
             except OSError as error:
                 print(f"Cannot remove {entry.path}: {error}", file=sys.stderr)
                 return 1
-        print(f"{verb} {entry.path.name} ({cache.human_size(entry.size)}, {entry.source}"
+        print(f"{verb} {entry.path.name} ({human_size(entry.size)}, {entry.source}"
               f"{', ' + entry.stale if entry.stale else ''})")
-    freed = cache.human_size(sum(e.size for e in doomed))
+    freed = human_size(sum(e.size for e in doomed))
     print(f"{verb} {len(doomed)} of {len(entries)} entries ({freed}) in {root}.")
     return 0

@@ -8,39 +8,32 @@
 
 Lifecycle: ``prepare_data(tokenizer, cache_dir)`` runs once per node (Lightning calls it on local
 rank 0) and writes an atomic cache keyed by a fingerprint of everything that changes its content
-(see :mod:`lightning_tune_data.cache.store`); ``setup(tokenizer, cache_dir)`` runs on every rank and
+(see :mod:`lightning_tune_data.cache`); ``setup(tokenizer, cache_dir)`` runs on every rank and
 memory-maps that cache (it never builds it). Streaming managers skip the cache and tokenize lazily.
 
 Managers hold only configuration (no open files, no datasets), so they pickle into dataloader
 workers. ``source_name`` (the dataloader/metric name, set by the datamodule) is used in messages.
 """
 
-from lightning_tune_data.managers.base import SourceManager  # re-exports below keep old imports working
-from lightning_tune_data.managers.config import (
-    CACHE_MANIFEST,
-    DEFAULT_PREPROCESS,
-    STAGES,
-    CacheMissingError,
-    DataSourceError,
-    _causes,
-    _safe_name,
-    _validate_stages,
-)
+from lightning_tune_data.managers.base import SourceManager
+from lightning_tune_data.managers.errors import CacheMissingError, DataSourceError
 from lightning_tune_data.managers.hub import DatasetManager, parse_full_name
-from lightning_tune_data.managers.input_files import _first_invalid_row, _resolve_local_files
 from lightning_tune_data.managers.local import LOCAL_DS_TYPES, LocalDatasetManager
-from lightning_tune_data.managers.unconditional import (
-    UnconditionalGenerationDatasetManager,
-    UnconditionalPrompts,
-)
-from lightning_tune_data.managers.preprocess_runner import OUTPUT_COLUMNS, _PreprocessRunner
+from lightning_tune_data.managers.options import DEFAULT_PREPROCESS, STAGES, SourceOptions
+from lightning_tune_data.managers.preprocess_runner import OUTPUT_COLUMNS
+from lightning_tune_data.managers.unconditional import UnconditionalGenerationDatasetManager, UnconditionalPrompts
 
 __all__ = [
+    "DEFAULT_PREPROCESS",
+    "LOCAL_DS_TYPES",
+    "OUTPUT_COLUMNS",
     "STAGES",
     "CacheMissingError",
     "DataSourceError",
     "DatasetManager",
     "LocalDatasetManager",
+    "SourceManager",
+    "SourceOptions",
     "UnconditionalGenerationDatasetManager",
     "UnconditionalPrompts",
     "parse_full_name",

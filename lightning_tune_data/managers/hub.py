@@ -4,19 +4,19 @@ a builder such as ``"json"`` with ``data_files``, or a local dataset folder)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import datasets
 
+from lightning_tune_data.cache.checksums import file_identity
+from lightning_tune_data.cache.layout import DOWNLOAD_FOLDER, safe_name
 from lightning_tune_data.managers.base import SourceManager
-from lightning_tune_data.managers.config import (
-    DEFAULT_PREPROCESS,
-    DataSourceError,
-    _causes,
-    _safe_name,
-)
+from lightning_tune_data.managers.errors import DataSourceError, error_causes
+from lightning_tune_data.managers.options import DEFAULT_PREPROCESS, SourceOptions
+
+__all__ = ["LOCAL_BUILDERS", "DatasetManager", "parse_full_name"]
 
 
 #: ``datasets`` builders that read files named by ``data_files`` rather than a hub repository.
@@ -131,28 +131,42 @@ class DatasetManager(SourceManager):
         self.split = split
         self.data_files = data_files
         self.source_name: str | None = None
-        self._init_common(
-            weight=weight,
-            preprocess_function=preprocess_function,
-            preprocess_kwargs=preprocess_kwargs,
-            columns_to_remove=columns_to_remove,
-            stages=stages,
-            streaming=streaming,
-            num_proc=num_proc,
-            load_kwargs=load_kwargs,
-            shuffle=shuffle,
-            max_error_count=max_error_count,
-            transforms=dict(message_transform=message_transform, model_transform=model_transform,
-                            output_transform=output_transform, filter_fn=filter_fn,
-                            filter_kwargs=filter_kwargs),
-            stream_retries=stream_retries,
-        )
+        self.options = SourceOptions.from_arguments(self.source_description, locals())
 
+    def _source_label(self) -> str:
+        if self.full_name is not None:
+            return f"full_name={self.full_name!r}"
+        label = f"path={self.path!r}"
+        if self.name is not None:
+            label += f", name={self.name!r}"
+        label += f", split={self.split!r}"
+        if self.data_files is not None:
+            label += f", data_files={self.data_files!r}"
+        return label
 
     def _cache_stem(self) -> str:
-        return _safe_name("-".join(str(p) for p in (self.path, self.name, self.split) if p))
+        return safe_name("-".join(str(p) for p in (self.path, self.name, self.split) if p))
 
-    def _local_folder_identity(self) -> list[Any] | None:
+    def _load_data_files(self) -> Any:
+        """``load_dataset``'s ``data_files``."""
+        return self.data_files
+
+    def _local_data_files(self) -> list[str]:
+        files = self._load_data_files()
+        if files is None:
+            return []
+        if isinstance(files, Mapping):
+            files = files.get(self.split, []) if self.split in files else list(files.values())
+        flat: list[str] = []
+        for entry in [files] if isinstance(files, str) else list(files):
+            flat.extend([entry] if isinstance(entry, (str, os.PathLike)) else list(entry))
+        return [os.fspath(f) for f in flat if os.path.isfile(os.fspath(f))]
+
+    def _data_file_identities(self, memo_dir: str | Path | None) -> list[dict[str, Any]]:
+        """Content identity of each local data file (hashes remembered in ``memo_dir``)."""
+        return [file_identity(f, memo_dir=memo_dir) for f in self._local_data_files()]
+
+    def _local_folder_identity(self, memo_dir: str | Path | None) -> list[Any] | None:
         """For a ``path`` that is a local dataset folder: the content identity of each file."""
         if self.path is None or not os.path.isdir(self.path):
             return None
@@ -160,40 +174,37 @@ class DatasetManager(SourceManager):
         entries: list[Any] = [[str(root)]]
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            entries.extend(self._file_identity(os.path.join(dirpath, f)) for f in sorted(filenames))
+            entries.extend(file_identity(os.path.join(dirpath, f), memo_dir=memo_dir) for f in sorted(filenames))
         return entries
 
-    def _source_spec(self) -> dict[str, Any]:
+    def _source_spec(self, memo_dir: str | Path | None) -> dict[str, Any]:
         return {
             "path": self.path,
             "name": self.name,
             "split": self.split,
             "data_files": self.data_files,
-            "data_file_identities": self._data_file_identities(),
-            "local_folder": self._local_folder_identity(),
-            "load_kwargs": self.load_kwargs,
+            "data_file_identities": self._data_file_identities(memo_dir),
+            "local_folder": self._local_folder_identity(memo_dir),
+            "load_kwargs": self.options.load_kwargs,
         }
-
-    def _load_data_files(self) -> Any:
-        return self.data_files
 
     def _download_cache_dir(self, cache_dir: str | Path) -> str | None:
         """Where ``datasets`` keeps what it loads: the standard Hugging Face cache (``None``) for
         hub datasets, this package's ``cache_dir/hf_datasets`` for local data (a builder such as
         ``"json"`` or a local folder), so local conversions stay out of the shared cache."""
         if self.path in LOCAL_BUILDERS or (self.path is not None and os.path.isdir(self.path)):
-            return str(Path(cache_dir) / "hf_datasets")
+            return str(Path(cache_dir) / DOWNLOAD_FOLDER)
         return None
 
     def _load(self, cache_dir: str | Path, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:
-        kwargs: dict[str, Any] = dict(self.load_kwargs)
+        kwargs: dict[str, Any] = dict(self.options.load_kwargs)
         kwargs.setdefault("cache_dir", self._download_cache_dir(cache_dir))
         if self._load_data_files() is not None:
             kwargs["data_files"] = self._load_data_files()
-        if not streaming and self.num_proc is not None:
-            kwargs.setdefault("num_proc", self.num_proc)
+        if not streaming and self.options.num_proc is not None:
+            kwargs.setdefault("num_proc", self.options.num_proc)
         if streaming:
-            kwargs.setdefault("storage_options", self._stream_storage_options())
+            kwargs.setdefault("storage_options", self.options.stream_storage_options())
         try:
             dataset = datasets.load_dataset(
                 self.path,
@@ -203,10 +214,10 @@ class DatasetManager(SourceManager):
                 **kwargs,
             )
         except Exception as error:  # noqa: BLE001 - re-raised with the source named
-            found = self._data_file_problems_note()
+            found = self.input_files().problems_note()
             raise DataSourceError(
                 f"{self.source_description}: datasets.load_dataset failed: "
-                f"{type(error).__name__}: {error}{_causes(error)}.{found} Check path/name/split/"
+                f"{type(error).__name__}: {error}{error_causes(error)}.{found} Check path/name/split/"
                 f"data_files (and the network or HF_HUB_OFFLINE for hub datasets)."
             ) from error
         if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):

@@ -1,23 +1,33 @@
-"""Checks of a source's input files: resolving local paths, and naming what is wrong with a file
-(empty, not UTF-8, malformed JSON lines, columns that differ between files) when loading fails."""
+"""A source's input files: resolving local paths, and naming what is wrong with a file (empty,
+not UTF-8, malformed JSON lines, columns that differ between files) when loading fails."""
 
 from __future__ import annotations
 
 import glob
 import json
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import datasets
 import pyarrow as pa
 
-from lightning_tune_data.managers.config import DataSourceError
+from lightning_tune_data.managers.errors import DataSourceError
 from lightning_tune_data.preprocess import PreprocessError
 
+__all__ = ["InputFiles", "first_invalid_row", "resolve_local_files"]
 
-def _first_invalid_row(chunk: pa.Array) -> int:
-    """Position of the first element of ``chunk`` that fails full Arrow validation."""
+#: ``datasets`` builders whose files are read line by line to name a problem.
+LINE_BUILDERS = ("json", "csv", "text")
+
+
+def first_invalid_row(chunk: pa.Array) -> int:
+    """Position of the first element of ``chunk`` that fails full Arrow validation.
+
+    Args:
+        chunk: An Arrow array that fails full validation.
+    """
     for position in range(len(chunk)):
         try:
             chunk.slice(position, 1).validate(full=True)
@@ -26,8 +36,16 @@ def _first_invalid_row(chunk: pa.Array) -> int:
     return 0
 
 
-def _resolve_local_files(entries: str | Sequence[str], field: str) -> tuple[list[str], list[str]]:
-    """Expand globs and make paths absolute; return ``(files, missing entries)``."""
+def resolve_local_files(entries: str | Sequence[str], field: str) -> tuple[list[str], list[str]]:
+    """Expand globs and make paths absolute; return ``(files, missing entries)``.
+
+    Args:
+        entries: A path or glob, or a list of them.
+        field: The option the entries come from (named in the error for a non-path entry).
+
+    Raises:
+        DataSourceError: An entry is not a path.
+    """
     found: list[str] = []
     missing: list[str] = []
     for entry in [entries] if isinstance(entries, str) else list(entries):
@@ -47,42 +65,47 @@ def _resolve_local_files(entries: str | Sequence[str], field: str) -> tuple[list
     return found, missing
 
 
-class InputFileChecks:
-    """Mixin of :class:`~lightning_tune_data.managers.DatasetManager`: its local input files and
-    the diagnosis of problems in them."""
+class InputFiles:
+    """The local data files of a source, and the diagnosis of problems in them.
 
-    split: str | None
-    path: str | None
-    load_kwargs: dict
+    Args:
+        paths: The local files the source reads.
+        builder: The ``datasets`` builder that reads them (``"json"``, ``"csv"``, ...); the files
+            of ``json``, ``csv`` and ``text`` are read line by line to name a problem.
+        load_kwargs: The source's ``load_kwargs`` (a CSV ``delimiter``/``sep`` is taken from them).
+    """
 
-    def _load_data_files(self) -> Any:
-        return self.data_files
+    def __init__(self, paths: list[str], builder: str | None, load_kwargs: Mapping[str, Any]) -> None:
+        self.paths = paths
+        self.builder = builder if builder in LINE_BUILDERS else None
+        self.load_kwargs = load_kwargs
 
-    def _local_data_files(self) -> list[str]:
-        """The data files that are local paths (remote URLs and hub files are left out)."""
-        files = self._load_data_files()
-        if files is None:
-            return []
-        if isinstance(files, Mapping):
-            files = files.get(self.split, []) if self.split in files else list(files.values())
-        flat: list[str] = []
-        for entry in [files] if isinstance(files, str) else list(files):
-            flat.extend([entry] if isinstance(entry, (str, os.PathLike)) else list(entry))
-        return [os.fspath(f) for f in flat if os.path.isfile(os.fspath(f))]
+    def warn_empty(self, description: str) -> None:
+        """Warn about each empty file (it adds no rows).
 
-    def _data_file_problems_note(self) -> str:
+        Args:
+            description: Names the source in the warning.
+        """
+        for path in self.paths:
+            if os.path.getsize(path) == 0:
+                warnings.warn(f"{description}: data file {path} is empty; it adds no rows.", stacklevel=2)
+
+    def problems_note(self) -> str:
         """`` Problems found in the data files: ...`` for an error message, or ``""`` when none are found."""
-        problems = self._data_file_problems()
+        problems = self.problems()
         return f" Problems found in the data files: {'; '.join(problems)}." if problems else ""
 
-    def _data_file_problems(self, limit: int = 5) -> list[str]:
-        """Name what is wrong with the local data files: empty, not UTF-8, malformed JSON lines,
-        columns that differ between files. Only run when loading or checking failed (it reads
-        every file once)."""
-        builder = self.path if self.path in ("json", "csv", "text") else None
+    def problems(self, limit: int = 5) -> list[str]:
+        """Name what is wrong with the files: empty, not UTF-8, malformed JSON lines, columns that
+        differ between files. Only run when loading or checking failed (it reads every file once).
+
+        Args:
+            limit: At most this many problems are named.
+        """
+        builder = self.builder
         problems: list[str] = []
         columns: dict[str, list[str]] = {}
-        for path in self._local_data_files():
+        for path in self.paths:
             if len(problems) >= limit:
                 break
             if os.path.getsize(path) == 0:
@@ -124,8 +147,16 @@ class InputFileChecks:
             problems.append(f"the files have different columns ({listed})")
         return problems[:limit]
 
-    def _check_input_table(self, dataset: datasets.Dataset) -> None:
-        """Fail, naming row, column and file, on raw data Arrow cannot read (e.g. invalid UTF-8)."""
+    def check_table(self, dataset: datasets.Dataset, description: str) -> None:
+        """Fail, naming row, column and file, on raw data Arrow cannot read (e.g. invalid UTF-8).
+
+        Args:
+            dataset: The raw dataset, as loaded from the files.
+            description: Names the source in the error.
+
+        Raises:
+            PreprocessError: A value fails Arrow's full validation.
+        """
         table = dataset.data.table
         for name in table.column_names:
             offset = 0
@@ -133,10 +164,10 @@ class InputFileChecks:
                 try:
                     chunk.validate(full=True)
                 except pa.ArrowInvalid as error:
-                    row = offset + _first_invalid_row(chunk)
-                    found = self._data_file_problems_note()
+                    row = offset + first_invalid_row(chunk)
+                    found = self.problems_note()
                     raise PreprocessError(
-                        f"{self.source_description}: row {row}, column '{name}' holds data that is "
+                        f"{description}: row {row}, column '{name}' holds data that is "
                         f"not valid ({error}), e.g. text that is not UTF-8.{found} Fix the data "
                         f"(re-encode the file as UTF-8) and run prepare_data again."
                     ) from error

@@ -7,10 +7,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning_tune_data.cache import store as cache
-from lightning_tune_data.managers.config import DEFAULT_PREPROCESS, DataSourceError, _safe_name
+from lightning_tune_data.cache.checksums import file_identity
+from lightning_tune_data.cache.layout import safe_name
+from lightning_tune_data.managers.errors import DataSourceError
 from lightning_tune_data.managers.hub import DatasetManager
-from lightning_tune_data.managers.input_files import _resolve_local_files
+from lightning_tune_data.managers.input_files import resolve_local_files
+from lightning_tune_data.managers.options import DEFAULT_PREPROCESS, SourceOptions
+
+__all__ = ["COMPRESSION_SUFFIXES", "EXTENSION_DS_TYPES", "LOCAL_DS_TYPES", "LocalDatasetManager", "file_ds_type",
+           "resolve_ds_type"]
 
 #: ``LocalDatasetManager.ds_type`` values and the ``datasets`` builder each one uses.
 LOCAL_DS_TYPES = {"json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet",
@@ -22,7 +27,11 @@ COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip")
 
 
 def file_ds_type(path: str) -> str | None:
-    """The ``ds_type`` a file's extension implies (``data.jsonl.gz`` -> ``"json"``), or ``None``."""
+    """The ``ds_type`` a file's extension implies (``data.jsonl.gz`` -> ``"json"``), or ``None``.
+
+    Args:
+        path: A data file's path.
+    """
     name = os.path.basename(path).lower()
     for suffix in COMPRESSION_SUFFIXES:
         if name.endswith(suffix):
@@ -33,6 +42,10 @@ def file_ds_type(path: str) -> str | None:
 
 def resolve_ds_type(ds_type: str | None, files: list[str]) -> str:
     """``ds_type`` as given, checked against the files' extensions, or inferred from them.
+
+    Args:
+        ds_type: The ``ds_type`` given, or ``None`` to infer it.
+        files: The resolved data files.
 
     Raises:
         DataSourceError: The extensions disagree with each other or with ``ds_type``, or no
@@ -146,7 +159,7 @@ class LocalDatasetManager(DatasetManager):
             entries = data_files
         if not entries:
             raise DataSourceError(f"LocalDatasetManager: data_files is empty ({data_files!r}).")
-        files, missing = _resolve_local_files(entries, "data_files")
+        files, missing = resolve_local_files(entries, "data_files")
         if missing:
             raise FileNotFoundError(
                 f"LocalDatasetManager data_files: {len(missing)} file(s) not found: {missing} "
@@ -167,22 +180,7 @@ class LocalDatasetManager(DatasetManager):
         self.split = split
         self.data_files = files
         self.source_name = None
-        self._init_common(
-            weight=weight,
-            preprocess_function=preprocess_function,
-            preprocess_kwargs=preprocess_kwargs,
-            columns_to_remove=columns_to_remove,
-            stages=stages,
-            streaming=streaming,
-            num_proc=num_proc,
-            load_kwargs=load_kwargs,
-            shuffle=shuffle,
-            max_error_count=max_error_count,
-            transforms=dict(message_transform=message_transform, model_transform=model_transform,
-                            output_transform=output_transform, filter_fn=filter_fn,
-                            filter_kwargs=filter_kwargs),
-            stream_retries=stream_retries,
-        )
+        self.options = SourceOptions.from_arguments(self.source_description, locals())
 
     def _source_label(self) -> str:
         names = [os.path.basename(f) for f in self.data_files]
@@ -192,26 +190,26 @@ class LocalDatasetManager(DatasetManager):
     def _cache_stem(self) -> str:
         stems = [Path(f).stem for f in self.data_files[:2]]
         more = f"+{len(self.data_files) - 2}" if len(self.data_files) > 2 else ""
-        return _safe_name("_".join(stems) + more + f"-{self.split}")
+        return safe_name("_".join(stems) + more + f"-{self.split}")
 
     def _load_data_files(self) -> Any:
         return {self.split: list(self.data_files)}
 
-    def _data_file_identities(self) -> list[dict[str, Any]]:
+    def _data_file_identities(self, memo_dir: str | Path | None) -> list[dict[str, Any]]:
         missing = [f for f in self.data_files if not os.path.isfile(f)]
         if missing:
             raise FileNotFoundError(
                 f"{self.source_description}: data files disappeared since configuration: "
                 f"{missing}. Restore them or fix data_files."
             )
-        return [self._file_identity(f) for f in self.data_files]
+        return [file_identity(f, memo_dir=memo_dir) for f in self.data_files]
 
-    def _source_spec(self) -> dict[str, Any]:
+    def _source_spec(self, memo_dir: str | Path | None) -> dict[str, Any]:
         spec = {
             "ds_type": self.path,
             "split": self.split,
-            "data_file_identities": self._data_file_identities(),
-            "load_kwargs": self.load_kwargs,
+            "data_file_identities": self._data_file_identities(memo_dir),
+            "load_kwargs": self.options.load_kwargs,
         }
         if self.skip_blank_lines:  # only when set, so existing caches keep their key
             spec["skip_blank_lines"] = True

@@ -17,23 +17,36 @@ from typing import Any
 import datasets
 import numpy as np
 
+from lightning_tune_data.keys import INPUT_IDS, LOSS_MASK
 from lightning_tune_data.preprocess import MissingColumnError, PreprocessError, RowError
 from lightning_tune_data.tokenizers import Tokenizer
 
+__all__ = ["ERROR_COLUMN", "OUTPUT_COLUMNS", "OUTPUT_FEATURES", "PROBE_ROWS", "PreprocessRunner", "drop_failed_rows"]
+
 #: Columns a preprocessed cache keeps.
-OUTPUT_COLUMNS = ("input_ids", "loss_mask")
-_OUTPUT_FEATURES = {
-    "input_ids": datasets.List(datasets.Value("int32")),
-    "loss_mask": datasets.List(datasets.Value("bool")),
+OUTPUT_COLUMNS = (INPUT_IDS, LOSS_MASK)
+#: Their Arrow types in the cache.
+OUTPUT_FEATURES = {
+    INPUT_IDS: datasets.List(datasets.Value("int32")),
+    LOSS_MASK: datasets.List(datasets.Value("bool")),
 }
-_PROBE_ROWS = 8
+#: Rows preprocessed first, in the building process, so a broken function fails fast.
+PROBE_ROWS = 8
 #: Column that tags rows whose preprocessing failed (only with ``max_error_count > 0``).
-_ERROR_COLUMN = "_preprocess_error"
-#: Written into a finished cache: row count, skipped rows and the size of every file.
+ERROR_COLUMN = "_preprocess_error"
 
 
-class _PreprocessRunner:
-    """Picklable ``Dataset.map`` function: runs the preprocess function, checks and tags errors."""
+class PreprocessRunner:
+    """Picklable ``Dataset.map`` function: runs the preprocess function, checks and tags errors.
+
+    Args:
+        fn: The preprocess function ``fn(examples, tokenizer, **kwargs)``.
+        fn_label: How messages name it (``'module.function'``).
+        tokenizer: Passed to ``fn``.
+        kwargs: Extra keyword arguments of ``fn``.
+        description: Names the source in messages.
+        max_error_count: Failing rows this process may tag (and the map skip) before raising.
+    """
 
     def __init__(
         self,
@@ -50,7 +63,7 @@ class _PreprocessRunner:
         self.kwargs = dict(kwargs)
         self.description = description
         self.has_loss_mask: bool | None = None  # fixed by the probe batch
-        # With a budget, failing rows are not raised but tagged in _ERROR_COLUMN (one placeholder
+        # With a budget, failing rows are not raised but tagged in ERROR_COLUMN (one placeholder
         # row each); the manager counts the tags over the whole dataset after the map (so the
         # count is exact with num_proc) and drops them. This process stops early once its own
         # count alone exceeds the budget.
@@ -83,6 +96,7 @@ class _PreprocessRunner:
         )
 
     def __call__(self, examples: dict[str, list], indices: list[int]) -> dict[str, list]:
+        """Preprocess one batch of rows (``indices``: their rows in the dataset)."""
         rows = f"rows {indices[0]}-{indices[-1]}" if indices else "an empty batch"
         try:
             output = self.fn(examples, self.tokenizer, **self.kwargs)
@@ -105,7 +119,7 @@ class _PreprocessRunner:
             raise self._failure(rows, error) from error
         result = self._check(output, rows)
         if self.max_error_count:
-            result[_ERROR_COLUMN] = [None] * len(result["input_ids"])
+            result[ERROR_COLUMN] = [None] * len(result[INPUT_IDS])
         return result
 
     def _missing_column_error(self, error: MissingColumnError, examples: dict[str, list]) -> PreprocessError:
@@ -126,9 +140,9 @@ class _PreprocessRunner:
     def _row_by_row(self, examples: dict[str, list], indices: list[int]) -> dict[str, list]:
         """Re-run a failed batch one row at a time; tag the rows that fail (error budget mode)."""
         num_rows = len(next(iter(examples.values()))) if examples else 0
-        merged: dict[str, list] = {"input_ids": [], _ERROR_COLUMN: []}
+        merged: dict[str, list] = {INPUT_IDS: [], ERROR_COLUMN: []}
         if self.has_loss_mask:
-            merged["loss_mask"] = []
+            merged[LOSS_MASK] = []
         for position in range(num_rows):
             index = indices[position] if position < len(indices) else position
             one_row = {key: values[position : position + 1] for key, values in examples.items()}
@@ -150,18 +164,18 @@ class _PreprocessRunner:
                         f"failed preprocessing. First failure: {self.first_error or message}"
                     ) from error
                 self.first_error = self.first_error or message
-                merged["input_ids"].append([])
-                if "loss_mask" in merged:
-                    merged["loss_mask"].append([])
-                merged[_ERROR_COLUMN].append(message)
+                merged[INPUT_IDS].append([])
+                if LOSS_MASK in merged:
+                    merged[LOSS_MASK].append([])
+                merged[ERROR_COLUMN].append(message)
                 continue
             result = self._check(output, f"row {index}")
-            if "loss_mask" in result and "loss_mask" not in merged:
-                merged["loss_mask"] = [[] for _ in merged["input_ids"]]
-            merged["input_ids"].extend(result["input_ids"])
-            if "loss_mask" in merged:
-                merged["loss_mask"].extend(result.get("loss_mask", []))
-            merged[_ERROR_COLUMN].extend([None] * len(result["input_ids"]))
+            if LOSS_MASK in result and LOSS_MASK not in merged:
+                merged[LOSS_MASK] = [[] for _ in merged[INPUT_IDS]]
+            merged[INPUT_IDS].extend(result[INPUT_IDS])
+            if LOSS_MASK in merged:
+                merged[LOSS_MASK].extend(result.get(LOSS_MASK, []))
+            merged[ERROR_COLUMN].extend([None] * len(result[INPUT_IDS]))
         return merged
 
     def _failure(self, rows: str, error: BaseException) -> PreprocessError:
@@ -173,7 +187,7 @@ class _PreprocessRunner:
         )
 
     def _check(self, output: Any, rows: str) -> dict[str, list]:
-        if not isinstance(output, Mapping) or "input_ids" not in output:
+        if not isinstance(output, Mapping) or INPUT_IDS not in output:
             got = sorted(output) if isinstance(output, Mapping) else type(output).__name__
             raise PreprocessError(
                 f"{self.description}: preprocess_function {self.fn_label} returned {got} for "
@@ -181,7 +195,7 @@ class _PreprocessRunner:
                 f"lists), optionally 'loss_mask'."
             )
         result = {key: output[key] for key in OUTPUT_COLUMNS if key in output}
-        has_mask = "loss_mask" in result
+        has_mask = LOSS_MASK in result
         if self.has_loss_mask is None:
             self.has_loss_mask = has_mask
         elif has_mask != self.has_loss_mask:
@@ -190,7 +204,7 @@ class _PreprocessRunner:
                 f"for some batches but not others ({rows}); return it for every batch or never."
             )
         if has_mask:
-            ids, masks = result["input_ids"], result["loss_mask"]
+            ids, masks = result[INPUT_IDS], result[LOSS_MASK]
             if len(ids) != len(masks) or any(len(a) != len(b) for a, b in zip(ids, masks)):
                 raise PreprocessError(
                     f"{self.description}: preprocess_function {self.fn_label} returned "
@@ -205,14 +219,19 @@ def drop_failed_rows(
 ) -> tuple[datasets.Dataset, int]:
     """Count the rows tagged as failed over the whole dataset; raise past the budget, else drop them.
 
+    Args:
+        mapped: The dataset the runner mapped, with its :data:`ERROR_COLUMN`.
+        max_error_count: The budget of failed rows.
+        description: Names the source in the warning and the error.
+
     Returns:
         ``(dataset without the failed rows, number of failed rows)``.
     """
-    tagged = mapped.data.table.column(_ERROR_COLUMN).is_valid().to_numpy(zero_copy_only=False)
+    tagged = mapped.data.table.column(ERROR_COLUMN).is_valid().to_numpy(zero_copy_only=False)
     failed = np.flatnonzero(tagged)
     if not len(failed):
         return mapped, 0
-    first = mapped.data.table.column(_ERROR_COLUMN)[int(failed[0])].as_py()
+    first = mapped.data.table.column(ERROR_COLUMN)[int(failed[0])].as_py()
     if len(failed) > max_error_count:
         raise PreprocessError(
             f"{description}: {len(failed)} rows failed preprocessing, more than "

@@ -9,9 +9,13 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset as TorchDataset
 
-from lightning_tune_data.managers.config import DataSourceError, _validate_stages
+from lightning_tune_data.keys import EPOCH, INPUT_IDS, SOURCE
+from lightning_tune_data.managers.errors import DataSourceError
 from lightning_tune_data.managers.hub import DatasetManager
+from lightning_tune_data.managers.options import SourceOptions, validate_stages
 from lightning_tune_data.tokenizers import Tokenizer
+
+__all__ = ["UnconditionalGenerationDatasetManager", "UnconditionalPrompts"]
 
 
 class UnconditionalPrompts(TorchDataset):
@@ -36,9 +40,9 @@ class UnconditionalPrompts(TorchDataset):
 
     def __getitem__(self, position: int) -> dict[str, Any]:
         return {
-            "input_ids": np.array([self.bos_id], dtype=np.int64),
-            "source": self.source,
-            "epoch": 0,
+            INPUT_IDS: np.array([self.bos_id], dtype=np.int64),
+            SOURCE: self.source,
+            EPOCH: 0,
             "index": int(self.indices[position]),
         }
 
@@ -72,25 +76,23 @@ class UnconditionalGenerationDatasetManager(DatasetManager):
         self.split = None
         self.data_files = None
         self.source_name = None
-        self.weight = 1.0
-        self.stages = _validate_stages(stages, "UnconditionalGenerationDatasetManager")
-        self.streaming = False
-        self.num_proc = None
-        self.load_kwargs = {}
-        self.shuffle = False
-        self.max_error_count = 0
-        self.columns_to_remove = None
-        self.preprocess_function = None
-        self.preprocess_kwargs = {}
+        self.options = SourceOptions(
+            stages=validate_stages(stages, "UnconditionalGenerationDatasetManager"), shuffle=False
+        )
 
     def _source_label(self) -> str:
         return f"unconditional generation, num_examples={self.num_examples}"
 
-    def _source_spec(self) -> dict[str, Any]:
+    def _source_spec(self, memo_dir: str | Path | None) -> dict[str, Any]:
         return {"num_examples": self.num_examples}
 
     def cache_dir_for(self, tokenizer: Tokenizer, cache_dir: str | Path) -> Path:
-        """Not applicable: unconditional prompts are never cached."""
+        """Not applicable: unconditional prompts are never cached.
+
+        Args:
+            tokenizer: Unused.
+            cache_dir: Unused.
+        """
         raise DataSourceError(f"{self.source_description} has no cache (nothing to preprocess).")
 
     def examples_for_rank(self, rank: int, world_size: int) -> list[int]:
@@ -113,7 +115,12 @@ class UnconditionalGenerationDatasetManager(DatasetManager):
         return range(start, start + base + (1 if rank < extra else 0))
 
     def prepare_data(self, tokenizer: Tokenizer, cache_dir: str | Path | None = None) -> Path | None:
-        """Nothing to prepare; returns ``None``."""
+        """Nothing to prepare; returns ``None``.
+
+        Args:
+            tokenizer: Unused (accepted for a uniform manager interface).
+            cache_dir: Unused.
+        """
         return None
 
     def setup(

@@ -1,9 +1,11 @@
 """Caches of real sources: checksums verified on reuse, read-only caches, content identity of data
 files, the reason for each build, folders named after the source, token ids checked at build.
-Real ``datasets`` caches, a real Trainer, a real immutable directory."""
+Real ``datasets`` caches, a real Trainer, a real immutable directory; then the records themselves:
+what changed since the previous build, and which data files changed since a build."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -17,6 +19,16 @@ from lightning.pytorch import Trainer
 from read_only_dir import read_only
 
 from lightning_tune_data import ByteTokenizer, LocalDatasetManager, TextDataModule
+from lightning_tune_data.cache.checksums import file_identity
+from lightning_tune_data.cache.fingerprints import CACHE_FORMAT_VERSION
+from lightning_tune_data.cache.marker import COMPLETE_MARKER
+from lightning_tune_data.cache.records import (
+    changed_data_file,
+    describe_changes,
+    previous_build,
+    rebuild_reason,
+    recorded_data_files,
+)
 from lightning_tune_data.cache.store import CacheReadOnlyError
 from lightning_tune_data.models import TinyCausalLM
 from lightning_tune_data.preprocess import PreprocessError
@@ -183,3 +195,65 @@ def test_a_cli_fit_prints_one_line_per_cache_build_and_hit(tmp_path):
              for run in runs]
     assert len(lines[0]) == 1 and "built cache" in lines[0][0]
     assert len(lines[1]) == 1 and "using cache" in lines[1][0]
+
+
+def _parts(*files: dict, tokenizer: str = "T:v1", kwargs: dict | None = None, split: str = "train") -> dict:
+    return {"source": {"split": split, "data_file_identities": list(files)}, "tokenizer": tokenizer,
+            "preprocess": {"kwargs": kwargs or {}, "function": {"qualname": "f"}}}
+
+
+def _identity(path: str, size: int, digest: str) -> dict:
+    return {"path": path, "size": size, "xxh3_128": digest}
+
+
+def test_describe_changes_names_files_tokenizer_preprocessing_source_options_and_version():
+    old = {"package_version": "1", "parts": _parts(_identity("/d/a.jsonl", 3, "x"), _identity("/d/b.jsonl", 1, "y"))}
+    new = {"package_version": "2", "parts": _parts(_identity("/d/a.jsonl", 4, "z"), _identity("/d/c.jsonl", 1, "w"),
+                                                   tokenizer="T:v2", kwargs={"add_eos": False}, split="val")}
+    assert describe_changes(old, new) == [
+        "the package version changed (1 -> 2)",
+        "data file a.jsonl changed (its content, 3 -> 4 bytes)",
+        "data file b.jsonl was removed",
+        "data file c.jsonl was added",
+        "the tokenizer changed",
+        "preprocess_kwargs changed ({} -> {'add_eos': False})",
+        "split changed ('train' -> 'val')",
+    ]
+    assert describe_changes(old, old) == ["its inputs differ from the previous build"]
+
+
+def test_recorded_data_files_include_the_files_of_a_local_dataset_folder():
+    parts = {"source": {"data_file_identities": [_identity("/d/a", 1, "x")],
+                        "local_folder": [["/d/folder"], _identity("/d/folder/b", 2, "y")]}}
+    assert list(recorded_data_files(parts)) == ["/d/a", "/d/folder/b"]
+    assert recorded_data_files({}) == {}
+
+
+def _marker(folder: Path, inputs: dict) -> Path:
+    folder.mkdir(parents=True)
+    (folder / COMPLETE_MARKER).write_text(json.dumps({"cache_format": CACHE_FORMAT_VERSION, "inputs": inputs}))
+    return folder
+
+
+def test_rebuild_reason_compares_with_the_newest_other_build_of_the_same_source(tmp_path):
+    inputs = {"source_key": "notes", "package_version": "1", "parts": _parts(_identity("/d/a.jsonl", 3, "x"))}
+    assert rebuild_reason(tmp_path, inputs, tmp_path / "notes-new") == "no earlier build of this source"
+    old = _marker(tmp_path / "notes-old", {**inputs, "parts": _parts(_identity("/d/a.jsonl", 2, "w"))})
+    _marker(tmp_path / "wiki-1", {**inputs, "source_key": "wiki"})
+    assert previous_build(tmp_path, "notes", exclude=tmp_path / "notes-new")["path"] == old
+    assert previous_build(tmp_path, "notes", exclude=old) is None
+    reason = rebuild_reason(tmp_path, inputs, tmp_path / "notes-new")
+    assert reason.startswith("data file a.jsonl changed (its content, 2 -> 3 bytes) since the build in notes-old (")
+    other_files = {**inputs, "parts": _parts(_identity("/other/b.jsonl", 3, "x"))}
+    assert rebuild_reason(tmp_path, other_files, tmp_path / "notes-new") == "no earlier build of this source"
+
+
+def test_changed_data_file_compares_the_recorded_content_hash(tmp_path):
+    data = tmp_path / "a.jsonl"
+    data.write_text("one\n")
+    parts = _parts(file_identity(data))
+    assert changed_data_file(parts, tmp_path) is None
+    data.write_text("two\n")
+    assert changed_data_file(parts, tmp_path) == "data file a.jsonl changed since the build"
+    data.unlink()
+    assert changed_data_file(parts, tmp_path) == f"data file {data.resolve()} is gone"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -71,3 +72,21 @@ def test_clean_removes_only_stale_caches_and_dry_run_removes_nothing(tmp_path):
 
     cli("clean", "--cache_dir", str(cache_dir), "--all")
     assert scan(cache_dir) == []
+
+
+def test_scan_reports_leftovers_of_interrupted_builds_and_another_version_as_stale(tmp_path):
+    cache_dir = tmp_path / "cache"
+    (cache_dir / ".notes-1.tmp-12-abc").mkdir(parents=True)
+    (cache_dir / "gone-2.lock").write_text("")
+    (cache_dir / ".file-hashes.json").write_text("{}")  # the hash memo is not an entry
+    old = cache_dir / "old-3"
+    old.mkdir()
+    (old / "_COMPLETE.json").write_text(json.dumps({"cache_format": 1}))
+    entries = {entry.path.name: entry for entry in scan(cache_dir)}
+    assert set(entries) == {".notes-1.tmp-12-abc", "gone-2.lock", "old-3"}
+    assert entries[".notes-1.tmp-12-abc"].stale == "leftover temporary folder of an interrupted build"
+    assert entries["gone-2.lock"].stale == "lock file without a cache"
+    assert entries["old-3"].stale == "written by another version of the package"
+    lock_row = entries["gone-2.lock"].row()
+    assert (lock_row[1], lock_row[2], lock_row[-1]) == ("0 B", "?", "stale: lock file without a cache")
+    assert scan(tmp_path / "missing") == []

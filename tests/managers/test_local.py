@@ -10,9 +10,11 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from source_files import TEXTS, expected_ids, jsonl, token_rows, write_csv, write_jsonl, write_parquet, write_text  # noqa: F401
 
 from lightning_tune_data import LocalDatasetManager
-from lightning_tune_data.managers import DataSourceError, DatasetManager
+from lightning_tune_data.cache.marker import is_valid_cache
+from lightning_tune_data.managers import DataSourceError
 from lightning_tune_data.tokenizers import ByteTokenizer
 
 TOK = ByteTokenizer()
@@ -104,14 +106,6 @@ def test_load_kwargs_cache_dir_is_used_for_the_download_cache(tmp_path: Path) ->
     assert not (tmp_path / "cache" / "hf_datasets").exists()
 
 
-def test_hub_datasets_use_the_standard_hugging_face_cache_and_local_data_ours(tmp_path: Path) -> None:
-    assert DatasetManager(full_name="owner/dataset/train")._download_cache_dir(tmp_path) is None
-    local = DatasetManager(path="json", split="train", data_files=str(write(tmp_path / "a.jsonl")))
-    assert local._download_cache_dir(tmp_path / "cache") == str(tmp_path / "cache" / "hf_datasets")
-    local.prepare_data(TOK, tmp_path / "cache")
-    assert any((tmp_path / "cache" / "hf_datasets").iterdir())
-
-
 def test_load_kwargs_that_repeat_manager_arguments_are_rejected(tmp_path: Path) -> None:
     with pytest.raises(DataSourceError, match=r"load_kwargs \['split'\] repeat arguments .* remove them from load_kwargs"):
         LocalDatasetManager(data_files=str(write(tmp_path / "a.jsonl")), load_kwargs={"split": "train"})
@@ -126,3 +120,79 @@ def test_prepare_shows_one_progress_bar_per_source_and_restores_the_setting(tmp_
     assert "Tokenizing source" in err
     assert "Generating train split" not in err and "Saving the dataset" not in err
     assert datasets.is_progress_bar_enabled()
+
+
+@pytest.mark.parametrize(
+    ("ds_type", "suffix", "writer"),
+    [
+        ("json", ".jsonl", write_jsonl),
+        ("jsonl", ".jsonl", write_jsonl),
+        ("csv", ".csv", write_csv),
+        ("parquet", ".parquet", write_parquet),
+        ("text", ".txt", write_text),
+    ],
+)
+def test_local_manager_caches_tokenized_documents_for_each_file_type(
+    tmp_path: Path, ds_type: str, suffix: str, writer
+) -> None:
+    path = writer(tmp_path / f"corpus{suffix}", [{"text": t, "id": i} for i, t in enumerate(TEXTS)])
+    manager = LocalDatasetManager(data_files=str(path), ds_type=ds_type)
+    cache_dir = tmp_path / "cache"
+
+    built = manager.prepare_data(TOK, cache_dir)
+
+    assert built == manager.cache_dir_for(TOK, cache_dir)
+    assert built.name == f"corpus-train-{manager.fingerprint(TOK)[:16]}"
+    assert is_valid_cache(built)
+    dataset = manager.setup(TOK, cache_dir)
+    assert isinstance(dataset, datasets.Dataset)
+    assert dataset.column_names == ["input_ids"]
+    assert token_rows(dataset) == [expected_ids(t) for t in TEXTS]
+    # Memory-mapped from the cache directory, not from datasets' own download cache.
+    assert all(Path(f["filename"]).is_relative_to(built) for f in dataset.cache_files)
+
+
+def test_local_manager_accepts_split_mapping_globs_and_several_files(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "part-0.jsonl", [{"text": "a"}, {"text": "b"}])
+    write_jsonl(tmp_path / "part-1.jsonl", [{"text": "c"}])
+    write_jsonl(tmp_path / "val.jsonl", [{"text": "v"}])
+    manager = LocalDatasetManager(
+        data_files={"train": str(tmp_path / "part-*.jsonl"), "validation": str(tmp_path / "val.jsonl")},
+        split="validation",
+    )
+    manager.prepare_data(TOK, tmp_path / "cache")
+    assert token_rows(manager.setup(TOK, tmp_path / "cache")) == [expected_ids("v")]
+
+    train = LocalDatasetManager(data_files=str(tmp_path / "part-*.jsonl"))
+    assert [Path(f).name for f in train.data_files] == ["part-0.jsonl", "part-1.jsonl"]
+    train.prepare_data(TOK, tmp_path / "cache")
+    assert token_rows(train.setup(TOK, tmp_path / "cache")) == [expected_ids(t) for t in "abc"]
+
+
+def test_local_manager_with_other_split_name_loads_a_plain_file_list(tmp_path: Path, jsonl: Path) -> None:
+    manager = LocalDatasetManager(data_files=[str(jsonl)], split="validation")
+    manager.prepare_data(TOK, tmp_path / "cache")
+    assert len(manager.setup(TOK, tmp_path / "cache")) == len(TEXTS)
+
+
+def test_missing_files_are_listed_before_anything_runs(tmp_path: Path, jsonl: Path) -> None:
+    with pytest.raises(FileNotFoundError) as info:
+        LocalDatasetManager(
+            data_files=[str(jsonl), str(tmp_path / "nope.jsonl"), str(tmp_path / "sub" / "gone-*.jsonl")]
+        )
+    message = str(info.value)
+    assert "2 file(s) not found" in message
+    assert str(tmp_path / "nope.jsonl") in message
+    assert str(tmp_path / "sub" / "gone-*.jsonl") in message
+    assert str(jsonl) not in message  # the existing file is not reported
+
+
+def test_bad_ds_type_split_weight_and_num_proc_are_rejected(tmp_path: Path, jsonl: Path) -> None:
+    with pytest.raises(DataSourceError, match=r"ds_type 'xml' is not supported; use one of"):
+        LocalDatasetManager(data_files=str(jsonl), ds_type="xml")
+    with pytest.raises(DataSourceError, match=r"split 'test' is not a key of data_files; set split to one of \['train'\]"):
+        LocalDatasetManager(data_files={"train": str(jsonl)}, split="test")
+    with pytest.raises(DataSourceError, match=r"weight must be a finite number >= 0"):
+        LocalDatasetManager(data_files=str(jsonl), weight=-1.0)
+    with pytest.raises(DataSourceError, match=r"num_proc must be None or >= 1"):
+        LocalDatasetManager(data_files=str(jsonl), num_proc=0)

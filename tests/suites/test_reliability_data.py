@@ -12,7 +12,8 @@ import pytest
 from conftest import write_jsonl
 
 from lightning_tune_data import ByteTokenizer, LocalDatasetManager, TextDataModule
-from lightning_tune_data.managers import CACHE_MANIFEST, DataSourceError
+from lightning_tune_data.cache.saved_dataset import CACHE_MANIFEST
+from lightning_tune_data.managers import DataSourceError
 from lightning_tune_data.preprocess import PreprocessError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))

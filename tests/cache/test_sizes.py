@@ -1,0 +1,24 @@
+"""Sizes of caches: bytes under a folder and their human-readable form."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lightning_tune_data.cache.sizes import human_size, tree_size
+
+
+def test_human_size_uses_decimal_units_up_to_terabytes() -> None:
+    assert human_size(999) == "999 B"
+    assert human_size(1000) == "1.0 KB"
+    assert human_size(12_345_678) == "12.3 MB"
+    assert human_size(5e12) == "5000.0 GB"  # gigabytes are the largest unit shown
+
+
+def test_tree_size_counts_regular_files_and_links_themselves(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.bin").write_bytes(b"x" * 10)
+    (tmp_path / "b.bin").write_bytes(b"y" * 5)
+    os.symlink(tmp_path / "sub" / "a.bin", tmp_path / "link")
+    assert tree_size(tmp_path) == 15 + os.lstat(tmp_path / "link").st_size
+    assert tree_size(tmp_path / "missing") == 0

@@ -1,0 +1,55 @@
+"""One source's cache: found by fingerprint under any name, built once, opened with clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+
+from lightning_tune_data.cache.saved_dataset import save_dataset
+from lightning_tune_data.managers import CacheMissingError
+from lightning_tune_data.managers.source_cache import SourceCache
+
+FINGERPRINT = "0123456789abcdef" + "0" * 48
+
+
+def fill(folder: Path) -> None:
+    save_dataset(folder, datasets.Dataset.from_dict({"input_ids": [[1, 2], [3]]}), skipped_rows=0)
+
+
+def cache(root: Path, key: str = "notes", fingerprint: str = FINGERPRINT) -> SourceCache:
+    return SourceCache(root, key, fingerprint, "LocalDatasetManager", "source 'notes'")
+
+
+def test_a_new_cache_is_named_after_the_key_and_found_by_fingerprint_after_a_rename(tmp_path: Path) -> None:
+    first = cache(tmp_path)
+    assert first.folder() == tmp_path / "notes-0123456789abcdef"
+    assert first.metadata == {"fingerprint": FINGERPRINT, "manager": "LocalDatasetManager"}
+    built = first.build(fill, {"source_key": "notes"}, "checksum")
+    assert built == tmp_path / "notes-0123456789abcdef"
+    renamed = cache(tmp_path, key="renamed")
+    assert renamed.folder() == built  # same fingerprint: the existing cache, not a second build
+    assert renamed.open()["input_ids"] == [[1, 2], [3]]
+
+
+def test_opening_a_missing_cache_says_to_run_prepare_data_and_lists_other_configurations(tmp_path: Path) -> None:
+    with pytest.raises(CacheMissingError, match=r"source 'notes': no valid preprocessed cache at .*Run prepare_data "
+                                                r"first") as info:
+        cache(tmp_path).open()
+    assert "Caches of other configurations" not in str(info.value)
+    cache(tmp_path, fingerprint="f" * 64).build(fill, {"source_key": "notes"}, "size")
+    with pytest.raises(CacheMissingError, match=r"Caches of other configurations of this source exist "
+                                                r"\(\['notes-ffffffffffffffff'\]\)"):
+        cache(tmp_path).open()
+
+
+def test_opening_a_cache_whose_files_disagree_with_its_manifest_says_it_is_corrupt(tmp_path: Path) -> None:
+    built = cache(tmp_path).build(fill, {"source_key": "notes"}, "checksum")
+    manifest = json.loads((built / "_manifest.json").read_text())
+    manifest["num_rows"] = 5
+    (built / "_manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CacheMissingError, match=r"is corrupt \(it holds 2 rows, 5 were written\)\. Run prepare_data "
+                                                r"again"):
+        cache(tmp_path).open()

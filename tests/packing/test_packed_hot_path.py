@@ -18,9 +18,11 @@ from lightning_tune_data.collate import PackedCollator
 from lightning_tune_data.sources.arrow import ArrowSource, ListColumn
 from lightning_tune_data.mixing.interleave import InterleavedDataset
 from lightning_tune_data.sources.memory import InMemoryStream
-from lightning_tune_data.packing import packer as packing
 from lightning_tune_data.packing import pieces as pack_pieces
-from lightning_tune_data.packing.pieces import Pack, write_rows
+from lightning_tune_data.packing import progress as packing_progress
+from lightning_tune_data.packing import rows as pack_rows
+from lightning_tune_data.packing.pack import Pack
+from lightning_tune_data.packing.rows import write_rows
 from lightning_tune_data.packing.packer import IterablePackedDataset
 
 STRATEGIES = ("greedy", "best_fit", "concat")
@@ -214,7 +216,7 @@ def _mixed_child(overlong: str) -> InterleavedDataset:
 def test_snapshot_replayed_from_the_block_start_equals_the_held_packs_of_its_moment(strategy, overlong, child,
                                                                                    monkeypatch) -> None:
     # Several blocks per pass and pass boundaries; documents up to 120 tokens against packs of 64.
-    monkeypatch.setattr(packing, "_BLOCK_DOCUMENTS", 256)
+    monkeypatch.setattr(packing_progress, "_BLOCK_DOCUMENTS", 256)
     source = (ArrowSource(_table(1100, seed=20, max_len=120, empty_every=11), "s", seed=6, max_seq_len=None)
               if child == "source" else _mixed_child(overlong))
     packer = IterablePackedDataset(source, 64, strategy=strategy, buffer_size=5, overlong=overlong)
@@ -224,8 +226,9 @@ def test_snapshot_replayed_from_the_block_start_equals_the_held_packs_of_its_mom
         next(it)
         if step % 7 and step % 61 != 60:
             continue
-        replayed += packer._block_start is not None and packer._block_start.queue is packer._queue
-        held = json.loads(json.dumps(packer._held_snapshot()()))  # every held pack walked at this moment
+        progress = packer._progress
+        replayed += progress.block_start is not None and progress.block_start.queue is progress.queue
+        held = json.loads(json.dumps(packer._snapshots.held(progress)()))  # every held pack walked at this moment
         moments.append((packer.snapshot(), held))
     for _ in range(300):  # the held packs keep growing and later blocks are read before the builds
         next(it)
@@ -246,12 +249,12 @@ def test_snapshots_fall_back_to_the_held_packs_after_a_restore_and_at_the_end_of
         next(it)
     resumed = packer()
     resumed.load_state_dict(first.state_dict())
-    assert resumed._block_start is None  # restored: nothing to replay from until the next block
+    assert resumed._progress.block_start is None  # restored: nothing to replay from until the next block
     assert resumed.snapshot()() == first.state_dict()
     rest_first, rest_resumed = list(it), []
     for pack in resumed:
         rest_resumed.append(dict(pack))
-        assert resumed.snapshot()() == resumed._held_snapshot()()
+        assert resumed.snapshot()() == resumed._snapshots.held(resumed._progress)()
     _assert_same(rest_resumed, [dict(pack) for pack in rest_first])
     assert resumed.state_dict()["packed_s"]["finished"]
 
@@ -340,7 +343,7 @@ def test_rows_of_token_positions_are_one_byte_join_equal_to_the_documents_tokens
     table = _table(300, seed=5, empty_every=11).cast(pa.schema([("input_ids", pa.list_(value_type))]))
     packs = _packs_of(ArrowSource(table, "s", seed=3, max_seq_len=64), 40, strategy)
     want = _expected_rows(packs, 72, pad_id=7)
-    monkeypatch.setattr(pack_pieces, "token_arrays", _fail)  # the byte join needs no per-piece view
+    monkeypatch.setattr(pack_rows, "token_arrays", _fail)  # the byte join needs no per-piece view
     for start in range(0, 40, 8):
         np.testing.assert_array_equal(_write(packs[start : start + 8], 72, 7), want[start : start + 8])
 

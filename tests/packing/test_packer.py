@@ -430,7 +430,7 @@ def test_default_name_is_packed_child_name():
 
 
 def test_a_stream_of_only_empty_documents_is_an_error_not_a_hang():
-    import lightning_tune_data.packing.packer as packing_module
+    import lightning_tune_data.packing.intake as intake_module
 
     class Empties(InMemoryStream):
         def __iter__(self):
@@ -438,10 +438,10 @@ def test_a_stream_of_only_empty_documents_is_an_error_not_a_hang():
                 yield {"input_ids": np.zeros(0, dtype=np.int64), "source": "blank", "epoch": 0}
 
     packer = IterablePackedDataset(Empties([[1]], "blank"), 16, strategy="best_fit")
-    original = packing_module._MAX_UNUSABLE_IN_A_ROW
-    packing_module._MAX_UNUSABLE_IN_A_ROW = 50
+    original = intake_module._MAX_UNUSABLE_IN_A_ROW
+    intake_module._MAX_UNUSABLE_IN_A_ROW = 50
     try:
         with pytest.raises(RuntimeError, match=r"last 50 documents of 'blank'.*empty"):
             next(iter(packer))
     finally:
-        packing_module._MAX_UNUSABLE_IN_A_ROW = original
+        intake_module._MAX_UNUSABLE_IN_A_ROW = original

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning_tune_data.keys import OverlongPolicy
 from lightning_tune_data.packing.block_start import BlockStart
 from lightning_tune_data.packing.document_queue import DocumentQueue
 from lightning_tune_data.packing.pack import Pack
@@ -36,7 +37,7 @@ class PackingProgress:
         overlong: what happens to a document longer than ``max_seq_len`` (``"truncate"``/``"drop"``).
     """
 
-    def __init__(self, strategy: str, max_seq_len: int, buffer_size: int, overlong: str) -> None:
+    def __init__(self, strategy: str, max_seq_len: int, buffer_size: int, overlong: OverlongPolicy) -> None:
         self.counters = dict.fromkeys(COUNTER_NAMES, 0)
         self.placer = PackPlacer(strategy, max_seq_len, buffer_size, overlong, self.counters)
         self.queue = DocumentQueue()  # documents read in a block, not placed yet (block reading only)

@@ -229,17 +229,17 @@ def main() -> int:
     from lightning_tune_data.collate.packed import PackedCollator
     from lightning_tune_data.collate.padded import PaddedCollator
     from lightning_tune_data.loading.loaders import ResumableLoader
-    from lightning_tune_data.packing.placement import PackPlacer
-    from lightning_tune_data.packing.packer import IterablePackedDataset
+    from lightning_tune_data.packing.progress import PackingProgress
+    from lightning_tune_data.packing.strategies import get_strategy
 
     loop_calls = max(args.calls, 200)
     in_loop: dict[str, dict[str, float]] = {}
-    for strategy, placement in (("concat", "_concat_from"), ("best_fit", "_best_fit_from")):
+    for strategy in ("concat", "best_fit"):
         packed_dm = common.make_datamodule(parquet, cache, False, strategy, 0, PACKED_BATCH)
         in_loop[f"ours, {strategy}"] = parts_in_loop_us(
             lambda: iter(packed_dm.train_dataloader()),
-            {"collation": (PackedCollator, "__call__"), "placement": (PackPlacer, placement),
-             "block reading": (IterablePackedDataset, "_read_block"), "state record": (ResumableLoader, "_remember")},
+            {"collation": (PackedCollator, "__call__"), "placement": (get_strategy(strategy), "place_block"),
+             "block reading": (PackingProgress, "read_block"), "state record": (ResumableLoader, "_remember")},
             loop_calls)
     in_loop["best-fit floor"] = parts_in_loop_us(lambda: BestFitFloor(flat, offsets, PACKED_BATCH, 1),
                                                  {"placement": (BestFitFloor, "_place")}, loop_calls)

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from lightning_tune_data.sources.base import DROPPED_BEFORE, EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, TRUNCATED_TOKENS
-from lightning_tune_data.packing.pieces import IGNORE_INDEX, document_labels
+from lightning_tune_data.keys import IGNORE_INDEX
+from lightning_tune_data.packing.pieces import document_labels
 
 __all__ = ["DROPPED_BEFORE", "EPOCH", "IGNORE_INDEX", "INPUT_IDS", "LOSS_MASK", "SOURCE", "TRUNCATED_TOKENS"]
 

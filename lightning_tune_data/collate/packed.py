@@ -35,17 +35,9 @@ from lightning_tune_data.collate.base import (
     _padded_length,
     _required,
 )
-from lightning_tune_data.packing.pieces import (
-    DROPPED_AT,
-    EPOCH_AT,
-    LENGTH_AT,
-    NEW_DOCUMENT_AT,
-    SOURCE_AT,
-    TRUNCATED_AT,
-    Pack,
-    PackedSample,
-    write_rows,
-)
+from lightning_tune_data.packing.pack import Pack, PackedSample
+from lightning_tune_data.packing.pieces import DROPPED_AT, EPOCH_AT, LENGTH_AT, NEW_DOCUMENT_AT, SOURCE_AT, TRUNCATED_AT
+from lightning_tune_data.packing.rows import write_rows
 from lightning_tune_data.collate.worker_memory import batch_planes, batch_tensor
 
 

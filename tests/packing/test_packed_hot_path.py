@@ -18,28 +18,11 @@ from lightning_tune_data.collate import PackedCollator
 from lightning_tune_data.sources.arrow import ArrowSource, ListColumn
 from lightning_tune_data.mixing.interleave import InterleavedDataset
 from lightning_tune_data.sources.memory import InMemoryStream
-from lightning_tune_data.packing import packer as packing
-from lightning_tune_data.packing import pieces as pack_pieces
-from lightning_tune_data.packing.pieces import Pack, write_rows
+from lightning_tune_data.packing import progress as packing_progress
 from lightning_tune_data.packing.packer import IterablePackedDataset
+from packing_helpers import DocumentsOnly, assert_taking_packs_equals_one_at_a_time, token_table
 
 STRATEGIES = ("greedy", "best_fit", "concat")
-
-
-def _table(num_rows: int, seed: int = 0, max_len: int = 90, empty_every: int = 0) -> pa.Table:
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, max_len, size=num_rows)
-    if empty_every:
-        lengths[::empty_every] = 0
-    docs = [rng.integers(0, 1000, size=n).astype(np.int32) for n in lengths]
-    return pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int32()))})
-
-
-class _DocumentsOnly(ArrowSource):
-    """The same source, read one document dict at a time (block reading switched off)."""
-
-    def blocks_supported(self) -> bool:
-        return False
 
 
 def _take(stream, count: int) -> list[dict]:
@@ -61,11 +44,11 @@ def _assert_same(got: list[dict], want: list[dict]) -> None:
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("overlong", ["truncate", "drop"])
 def test_block_reading_packs_exactly_what_document_reading_packs(strategy: str, overlong: str) -> None:
-    table = _table(300, seed=1, empty_every=17)
+    table = token_table(300, seed=1, empty_every=17)
     limit = None if strategy == "concat" else 64
     fast = IterablePackedDataset(ArrowSource(table, "s", seed=4, max_seq_len=limit, overlong=overlong), 64,
                                  strategy=strategy, buffer_size=4)
-    slow = IterablePackedDataset(_DocumentsOnly(table, "s", seed=4, max_seq_len=limit, overlong=overlong), 64,
+    slow = IterablePackedDataset(DocumentsOnly(table, "s", seed=4, max_seq_len=limit, overlong=overlong), 64,
                                  strategy=strategy, buffer_size=4)
     assert fast._reads_blocks() and not slow._reads_blocks()
     _assert_same(_take(fast, 400), _take(slow, 400))  # several passes over the source
@@ -74,16 +57,16 @@ def test_block_reading_packs_exactly_what_document_reading_packs(strategy: str, 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_block_reading_without_a_source_length_limit_applies_the_packer_overlong_policy(strategy: str) -> None:
-    table = _table(120, seed=2, max_len=150)
+    table = token_table(120, seed=2, max_len=150)
     fast = IterablePackedDataset(ArrowSource(table, "s", seed=1), 64, strategy=strategy)
-    slow = IterablePackedDataset(_DocumentsOnly(table, "s", seed=1), 64, strategy=strategy)
+    slow = IterablePackedDataset(DocumentsOnly(table, "s", seed=1), 64, strategy=strategy)
     _assert_same(_take(fast, 150), _take(slow, 150))
     assert fast.counters == slow.counters
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_state_after_every_pack_resumes_bitwise_with_documents_waiting_in_a_block(strategy: str) -> None:
-    table = _table(200, seed=3)
+    table = token_table(200, seed=3)
     reference = IterablePackedDataset(ArrowSource(table, "s", seed=2, max_seq_len=64), 64, strategy=strategy,
                                       buffer_size=4)
     it = iter(reference)
@@ -103,7 +86,7 @@ def test_state_after_every_pack_resumes_bitwise_with_documents_waiting_in_a_bloc
 
 
 def test_elastic_merge_hands_documents_held_from_a_block_to_the_new_shards_exactly_once() -> None:
-    table = _table(64, seed=5, max_len=40)
+    table = token_table(64, seed=5, max_len=40)
     stream = IterablePackedDataset(ArrowSource(table, "s", seed=0, max_seq_len=64, num_passes=1), 64,
                                    strategy="best_fit", buffer_size=2)
     it = iter(stream)
@@ -174,7 +157,7 @@ def test_block_reading_of_an_all_empty_source_is_an_error_not_a_hang() -> None:
 
 
 def test_read_block_yields_the_documents_iteration_yields_and_advances_the_same_state() -> None:
-    table = _table(50, seed=9, empty_every=7)
+    table = token_table(50, seed=9, empty_every=7)
     blocks, documents = ArrowSource(table, "s", seed=3, max_seq_len=40), ArrowSource(table, "s", seed=3, max_seq_len=40)
     it = iter(documents)
     for _ in range(5):
@@ -188,7 +171,7 @@ def test_read_block_yields_the_documents_iteration_yields_and_advances_the_same_
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_snapshot_built_later_equals_the_state_dict_of_its_moment(strategy: str) -> None:
-    table = _table(300, seed=11)
+    table = token_table(300, seed=11)
     packer = IterablePackedDataset(ArrowSource(table, "s", seed=6, max_seq_len=64), 64, strategy=strategy,
                                    buffer_size=4)
     it = iter(packer)
@@ -203,8 +186,8 @@ def test_snapshot_built_later_equals_the_state_dict_of_its_moment(strategy: str)
 
 
 def _mixed_child(overlong: str) -> InterleavedDataset:
-    children = [ArrowSource(_table(700, seed=21), "web", seed=3, max_seq_len=64, overlong=overlong),
-                ArrowSource(_table(150, seed=22, empty_every=7), "code", seed=4, max_seq_len=64, overlong=overlong)]
+    children = [ArrowSource(token_table(700, seed=21), "web", seed=3, max_seq_len=64, overlong=overlong),
+                ArrowSource(token_table(150, seed=22, empty_every=7), "code", seed=4, max_seq_len=64, overlong=overlong)]
     return InterleavedDataset(children, [0.7, 0.3], seed=5)
 
 
@@ -214,8 +197,8 @@ def _mixed_child(overlong: str) -> InterleavedDataset:
 def test_snapshot_replayed_from_the_block_start_equals_the_held_packs_of_its_moment(strategy, overlong, child,
                                                                                    monkeypatch) -> None:
     # Several blocks per pass and pass boundaries; documents up to 120 tokens against packs of 64.
-    monkeypatch.setattr(packing, "_BLOCK_DOCUMENTS", 256)
-    source = (ArrowSource(_table(1100, seed=20, max_len=120, empty_every=11), "s", seed=6, max_seq_len=None)
+    monkeypatch.setattr(packing_progress, "_BLOCK_DOCUMENTS", 256)
+    source = (ArrowSource(token_table(1100, seed=20, max_len=120, empty_every=11), "s", seed=6, max_seq_len=None)
               if child == "source" else _mixed_child(overlong))
     packer = IterablePackedDataset(source, 64, strategy=strategy, buffer_size=5, overlong=overlong)
     it = iter(packer)
@@ -224,8 +207,9 @@ def test_snapshot_replayed_from_the_block_start_equals_the_held_packs_of_its_mom
         next(it)
         if step % 7 and step % 61 != 60:
             continue
-        replayed += packer._block_start is not None and packer._block_start.queue is packer._queue
-        held = json.loads(json.dumps(packer._held_snapshot()()))  # every held pack walked at this moment
+        progress = packer._progress
+        replayed += progress.block_start is not None and progress.block_start.queue is progress.queue
+        held = json.loads(json.dumps(packer._snapshots.held(progress)()))  # every held pack walked at this moment
         moments.append((packer.snapshot(), held))
     for _ in range(300):  # the held packs keep growing and later blocks are read before the builds
         next(it)
@@ -237,7 +221,7 @@ def test_snapshot_replayed_from_the_block_start_equals_the_held_packs_of_its_mom
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_snapshots_fall_back_to_the_held_packs_after_a_restore_and_at_the_end_of_the_child(strategy: str) -> None:
     def packer() -> IterablePackedDataset:
-        return IterablePackedDataset(ArrowSource(_table(600, seed=23), "s", seed=1, max_seq_len=64, num_passes=1), 64,
+        return IterablePackedDataset(ArrowSource(token_table(600, seed=23), "s", seed=1, max_seq_len=64, num_passes=1), 64,
                                      strategy=strategy, buffer_size=4)
 
     first = packer()
@@ -246,12 +230,12 @@ def test_snapshots_fall_back_to_the_held_packs_after_a_restore_and_at_the_end_of
         next(it)
     resumed = packer()
     resumed.load_state_dict(first.state_dict())
-    assert resumed._block_start is None  # restored: nothing to replay from until the next block
+    assert resumed._progress.block_start is None  # restored: nothing to replay from until the next block
     assert resumed.snapshot()() == first.state_dict()
     rest_first, rest_resumed = list(it), []
     for pack in resumed:
         rest_resumed.append(dict(pack))
-        assert resumed.snapshot()() == resumed._held_snapshot()()
+        assert resumed.snapshot()() == resumed._snapshots.held(resumed._progress)()
     _assert_same(rest_resumed, [dict(pack) for pack in rest_first])
     assert resumed.state_dict()["packed_s"]["finished"]
 
@@ -259,10 +243,8 @@ def test_snapshots_fall_back_to_the_held_packs_after_a_restore_and_at_the_end_of
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("count", [1, 4, 9])
 def test_taking_packs_from_blocks_in_batches_hands_out_the_packs_and_state_of_one_at_a_time(strategy, count) -> None:
-    from test_packer import assert_taking_packs_equals_one_at_a_time
-
     def make() -> IterablePackedDataset:
-        source = ArrowSource(_table(700, seed=29, empty_every=13), "s", seed=3, max_seq_len=64, num_passes=1)
+        source = ArrowSource(token_table(700, seed=29, empty_every=13), "s", seed=3, max_seq_len=64, num_passes=1)
         return IterablePackedDataset(source, 64, strategy=strategy, buffer_size=4)
 
     assert make()._reads_blocks()
@@ -272,7 +254,7 @@ def test_taking_packs_from_blocks_in_batches_hands_out_the_packs_and_state_of_on
 def test_train_loader_takes_snapshots_in_process_and_builds_the_state_only_when_asked() -> None:
     from lightning_tune_data.loading.loaders import LoaderOptions, build_train_loader
 
-    table = _table(300, seed=12)
+    table = token_table(300, seed=12)
     packer = IterablePackedDataset(ArrowSource(table, "s", seed=1, max_seq_len=64), 64, strategy="best_fit")
     loader = build_train_loader(packer, PackedCollator(pad_id=0, max_seq_len=64), LoaderOptions(batch_size=4), seed=0)
     it = iter(loader)
@@ -285,7 +267,7 @@ def test_train_loader_takes_snapshots_in_process_and_builds_the_state_only_when_
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_batches_from_token_positions_equal_batches_from_token_views(strategy: str, monkeypatch) -> None:
-    table = _table(400, seed=4, empty_every=13)
+    table = token_table(400, seed=4, empty_every=13)
 
     def batches() -> list[dict]:
         packer = IterablePackedDataset(ArrowSource(table, "s", seed=2, max_seq_len=64), 64, strategy=strategy,
@@ -304,66 +286,10 @@ def test_batches_from_token_positions_equal_batches_from_token_views(strategy: s
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_packer_pickled_mid_iteration_continues_with_the_same_packs(strategy: str) -> None:
-    packer = IterablePackedDataset(ArrowSource(_table(300, seed=8), "s", seed=1, max_seq_len=64), 64,
+    packer = IterablePackedDataset(ArrowSource(token_table(300, seed=8), "s", seed=1, max_seq_len=64), 64,
                                    strategy=strategy, buffer_size=4)
     it = iter(packer)
     for _ in range(57):
         next(it)
     copy = pickle.loads(pickle.dumps(packer))
     _assert_same(_take(copy, 60), [dict(next(it)) for _ in range(60)])
-
-
-def _packs_of(source: ArrowSource, count: int, strategy: str = "best_fit", max_seq_len: int = 64) -> list:
-    packer = IterablePackedDataset(source, max_seq_len, strategy=strategy, buffer_size=4)
-    it = iter(packer)
-    return [next(it).pack for _ in range(count)]
-
-
-def _expected_rows(packs: list, width: int, pad_id: int) -> np.ndarray:
-    rows = np.full((len(packs), width), pad_id, dtype=np.int64)
-    for row, pack in enumerate(packs):
-        tokens = np.concatenate(pack_pieces.token_arrays(pack.refs, pack.tokens, pack.stores))
-        rows[row, : len(tokens)] = tokens
-    return rows
-
-
-def _write(packs: list, width: int, pad_id: int) -> np.ndarray:
-    out = np.empty((len(packs), width), dtype=np.int64)
-    write_rows(packs, width, pad_id, out.reshape(-1))
-    return out
-
-
-@pytest.mark.parametrize("value_type", [pa.int32(), pa.uint16(), pa.int64()])
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_rows_of_token_positions_are_one_byte_join_equal_to_the_documents_tokens(value_type, strategy,
-                                                                               monkeypatch) -> None:
-    table = _table(300, seed=5, empty_every=11).cast(pa.schema([("input_ids", pa.list_(value_type))]))
-    packs = _packs_of(ArrowSource(table, "s", seed=3, max_seq_len=64), 40, strategy)
-    want = _expected_rows(packs, 72, pad_id=7)
-    monkeypatch.setattr(pack_pieces, "token_arrays", _fail)  # the byte join needs no per-piece view
-    for start in range(0, 40, 8):
-        np.testing.assert_array_equal(_write(packs[start : start + 8], 72, 7), want[start : start + 8])
-
-
-def _fail(*args, **kwargs):
-    raise AssertionError("the rows were built from per-piece views")
-
-
-def test_rows_fall_back_to_views_when_sources_differ_in_dtype_or_cannot_hold_the_pad_id() -> None:
-    wide = ArrowSource(_table(200, seed=1), "wide", seed=1, max_seq_len=64)
-    narrow_table = _table(200, seed=2).cast(pa.schema([("input_ids", pa.list_(pa.uint16()))]))
-    narrow = ArrowSource(narrow_table, "narrow", seed=1, max_seq_len=64)
-    mixed = _packs_of(wide, 3) + _packs_of(narrow, 3)
-    np.testing.assert_array_equal(_write(mixed, 64, 5), _expected_rows(mixed, 64, 5))
-    packs = _packs_of(narrow, 6)
-    np.testing.assert_array_equal(_write(packs, 64, 70_000), _expected_rows(packs, 64, 70_000))
-
-
-def test_rows_fall_back_to_views_when_a_piece_holds_its_tokens() -> None:
-    packs = _packs_of(ArrowSource(_table(200, seed=6), "s", seed=1, max_seq_len=64), 4)
-    held = Pack(packs[0].stores)
-    held.add(("s", -1, 0, 0, 3, True, 0, 0), np.array([11, 12, 13], dtype=np.int64))
-    for ref, position in zip(packs[1].refs, packs[1].tokens):
-        held.add(ref, position)
-    group = [packs[0], held, packs[2]]
-    np.testing.assert_array_equal(_write(group, 70, 1), _expected_rows(group, 70, 1))

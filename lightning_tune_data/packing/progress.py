@@ -1,0 +1,96 @@
+"""Where a packer is: its packs, the block being placed, its counters, and how far its round got.
+
+:class:`PackingProgress` is the packer's whole mutable position in one object: the
+:class:`~lightning_tune_data.packing.placement.PackPlacer` (open and finished packs), the
+:class:`~lightning_tune_data.packing.document_queue.DocumentQueue` of the block being placed and
+the :class:`~lightning_tune_data.packing.block_start.BlockStart` recorded when it was read, the
+counters, and whether the child ended and the round is over. The packer's iterator moves it; its
+state is built from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_tune_data.keys import OverlongPolicy
+from lightning_tune_data.packing.block_start import BlockStart
+from lightning_tune_data.packing.document_queue import DocumentQueue
+from lightning_tune_data.packing.pack import Pack
+from lightning_tune_data.packing.placement import PackPlacer
+from lightning_tune_data.sources.base import TuneIterableDataset
+
+__all__ = ["COUNTER_NAMES", "PackingProgress"]
+
+#: What a packer counts: packs and tokens handed out, documents read, documents cut or dropped.
+COUNTER_NAMES = ("packs", "documents", "tokens", "overlong_truncated", "overlong_dropped", "empty_dropped")
+#: Documents read from the child at a time when it hands out blocks (held by reference until packed).
+_BLOCK_DOCUMENTS = 2048
+
+
+class PackingProgress:
+    """A packer's position: packs, the block being placed, counters, end of child and round.
+
+    Args:
+        strategy: the registered name of the packing strategy.
+        max_seq_len: the most tokens in one pack.
+        buffer_size: open packs kept by a strategy that keeps several.
+        overlong: what happens to a document longer than ``max_seq_len`` (``"truncate"``/``"drop"``).
+    """
+
+    def __init__(self, strategy: str, max_seq_len: int, buffer_size: int, overlong: OverlongPolicy) -> None:
+        self.counters = dict.fromkeys(COUNTER_NAMES, 0)
+        self.placer = PackPlacer(strategy, max_seq_len, buffer_size, overlong, self.counters)
+        self.queue = DocumentQueue()  # documents read in a block, not placed yet (block reading only)
+        self.block_start: BlockStart | None = None  # the packer when ``queue``'s block was read
+        self.child_exhausted = False
+        self.finished = False  # the round is over: the child ended and every pack was handed out
+
+    def read_block(self, child: TuneIterableDataset) -> bool:
+        """Queue the child's next block of documents; ``False`` when the child has ended.
+
+        Args:
+            child: a stream that hands out blocks of document references.
+        """
+        block = child.read_block(_BLOCK_DOCUMENTS)
+        if block is None:
+            return False
+        self.placer.stores.update(block.stores)
+        self.queue = DocumentQueue(block.references(), block.tokens, block=block)
+        self.block_start = BlockStart(self.queue, *self.placer.held_packs(), self.counters["packs"])
+        return True
+
+    def end_child(self) -> None:
+        """The child ended: every open pack that holds tokens is finished."""
+        self.child_exhausted = True
+        self.placer.close_all()
+
+    def drop_packs(self) -> None:
+        """Forget every held pack and queued document (a resumed layout's pieces are placed anew)."""
+        self.placer.set_open([])
+        self.placer.ready.clear()
+        self.queue, self.block_start = DocumentQueue(), None
+
+    def set_counters(self, counters: dict[str, Any]) -> None:
+        """Replace the counters' values (in place: the placer counts into the same dict)."""
+        self.counters.clear()
+        self.counters.update({k: int(v) for k, v in counters.items()})
+
+    def restore(self, open_packs: list[Pack], finished_packs: list[Pack], pending: list[Pack],
+                child_exhausted: bool, finished: bool) -> None:
+        """Set the position a saved state describes (nothing to replay until the next block).
+
+        Args:
+            open_packs: the open packs, oldest first.
+            finished_packs: the finished packs not handed out yet.
+            pending: packs of documents read and not placed yet (from an older state's queue).
+            child_exhausted: whether the child had ended.
+            finished: whether the round was over.
+        """
+        self.placer.set_open(open_packs)
+        self.placer.ready.clear()
+        self.placer.ready.extend(finished_packs)
+        pieces = [piece for pack in pending for piece in pack.pieces()]
+        self.queue = DocumentQueue([p[0] for p in pieces], [p[1] for p in pieces], [p[2] for p in pieces])
+        self.block_start = None
+        self.child_exhausted = child_exhausted
+        self.finished = finished

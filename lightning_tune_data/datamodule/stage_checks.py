@@ -1,9 +1,10 @@
-"""Checks a stage makes before it runs: that its split has data, and that validation can happen."""
+"""Checks a stage makes before it runs: that its split has data, that validation can happen, which stage runs."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
 
@@ -42,3 +43,9 @@ def warn_if_validation_never_runs(trainer: Any, val_managers: dict[str, Any]) ->
             "to a number of steps (e.g. 100) and check_val_every_n_epoch to None (YAML: "
             "`val_check_interval: 100`, `check_val_every_n_epoch: null`)."
         )
+
+
+def trainer_is_evaluating(trainer: Any) -> bool:
+    """Whether ``trainer`` runs validate/test/predict (a checkpoint's train position is then unused)."""
+    fn = getattr(getattr(trainer, "state", None), "fn", None)
+    return fn is not None and fn != TrainerFn.FITTING

@@ -16,7 +16,7 @@ from lightning_tune_data import (
     TextDataModule,
     UnconditionalGenerationDatasetManager,
 )
-from lightning_tune_data.loading.loaders import ResumableLoader
+from lightning_tune_data.loading.resumable_loader import ResumableLoader
 
 
 def managers(corpus_dir: Path, **val) -> dict:

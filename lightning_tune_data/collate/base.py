@@ -70,14 +70,27 @@ def _check_pad_id(owner: str, pad_id: int) -> int:
 
 
 def padded_length(longest: int, pad_to_multiple_of: int | None) -> int:
-    """``longest`` rounded up to a multiple of ``pad_to_multiple_of`` (if given)."""
+    """``longest`` rounded up to a multiple of ``pad_to_multiple_of`` (if given).
+
+    Args:
+        longest: the longest row of a batch (tokens).
+        pad_to_multiple_of: the multiple to round up to; ``None``: no rounding.
+    """
     if pad_to_multiple_of is None:
         return longest
     return -(-longest // pad_to_multiple_of) * pad_to_multiple_of
 
 
 def one_d_array(owner: str, index: int, key: str, value: Any, integer: bool = True) -> np.ndarray:
-    """``value`` as a 1-D (integer) array, or a ValueError naming the sample and the key."""
+    """``value`` as a 1-D (integer) array, or a ValueError naming the sample and the key.
+
+    Args:
+        owner: the collator's name, first in every message.
+        index: the sample's position in the batch.
+        key: the field ``value`` was read from.
+        value: the field's value (an array, or anything ``np.asarray`` reads).
+        integer: whether the array must hold integers (token ids; a loss mask need not).
+    """
     if type(value) is np.ndarray and value.ndim == 1 and (not integer or value.dtype.kind in "iu"):
         return value  # the common case, checked cheaply (this runs per document on the hot path)
     array = np.asarray(value)
@@ -94,7 +107,14 @@ def one_d_array(owner: str, index: int, key: str, value: Any, integer: bool = Tr
 
 
 def count_field(owner: str, index: int, sample: Mapping[str, Any], key: str) -> int:
-    """An optional non-negative int field of a sample or provenance entry (absent or None: 0)."""
+    """An optional non-negative int field of a sample or provenance entry (absent or None: 0).
+
+    Args:
+        owner: the collator's name, first in every message.
+        index: the sample's position in the batch.
+        sample: the sample or provenance entry.
+        key: the field to read.
+    """
     value = sample.get(key)
     if value is None:
         return 0
@@ -107,6 +127,15 @@ def count_field(owner: str, index: int, sample: Mapping[str, Any], key: str) -> 
 
 
 def required_field(owner: str, index: int, sample: Mapping[str, Any], key: str, what: str) -> Any:
+    """Field ``key`` of ``sample``, or a ValueError naming the sample, the key and the keys it has.
+
+    Args:
+        owner: the collator's name, first in every message.
+        index: the sample's position in the batch.
+        sample: the sample or provenance entry.
+        key: the field to read.
+        what: why the field must be there (the end of the message).
+    """
     try:
         return sample[key]
     except KeyError:
@@ -136,6 +165,12 @@ class ArangeCache:
 
 def checked_collator_options(owner: str, pad_id: int, max_seq_len: int | None,
                              pad_to_multiple_of: int | None) -> tuple[int, int | None, int | None]:
-    """``(pad_id, max_seq_len, pad_to_multiple_of)`` after the checks every collator applies."""
+    """``(pad_id, max_seq_len, pad_to_multiple_of)`` after the checks every collator applies.
+
+    Args:
+        owner: the collator's name, first in every message.
+        pad_id: the tokenizer's pad id (an int).
+        max_seq_len, pad_to_multiple_of: positive ints, or ``None``.
+    """
     return (_check_pad_id(owner, pad_id), _check_optional_positive(owner, "max_seq_len", max_seq_len),
             _check_optional_positive(owner, "pad_to_multiple_of", pad_to_multiple_of))

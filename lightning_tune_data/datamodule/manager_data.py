@@ -28,6 +28,12 @@ def prepare_datasets(
     """Download, preprocess and cache every manager's data, split by split in config order.
 
     The unconditional-generation prompts need no cache: they are built when their loader is.
+
+    Args:
+        dataset_managers: ``{split: {name: manager}}``.
+        tokenizer: tokenizes every source.
+        cache_dir: where the caches are written.
+        cache_verify: how a reused cache is checked: ``"checksum"`` or ``"size"``.
     """
     for split in SPLITS:
         for name, manager in (dataset_managers.get(split) or {}).items():
@@ -47,6 +53,13 @@ def set_up_datasets(
     """Load into ``datasets[split][name]`` every cache ``stage`` needs (all stages when ``None``).
 
     A manager whose ``stages`` exclude the stage is skipped; one already loaded is kept.
+
+    Args:
+        datasets: ``{split: {name: dataset}}``, filled in place.
+        dataset_managers: ``{split: {name: manager}}``.
+        stage: ``fit``, ``validate``, ``test``, ``predict`` or ``None``.
+        tokenizer: the tokenizer the caches were built with.
+        cache_dir: where the caches are.
     """
     stages = SPLITS_FOR_STAGE.keys() if stage is None else [stage]
     for lightning_stage in stages:
@@ -59,6 +72,10 @@ def set_up_datasets(
 
 def loaded_dataset(datasets: Mapping[str, Mapping[str, Any]], split: str, name: str) -> Any:
     """The loaded dataset of manager ``name`` of ``split``.
+
+    Args:
+        datasets: ``{split: {name: dataset}}``.
+        split, name: the manager's split and name.
 
     Raises:
         RuntimeError: it was not set up, naming the calls that load it.

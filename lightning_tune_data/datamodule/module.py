@@ -29,40 +29,22 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_tune_data.cache.checksums import VerifyMode
 from lightning_tune_data.collate import PackedCollator, PaddedCollator
 from lightning_tune_data.datamodule.eval_loaders import eval_loaders
 from lightning_tune_data.datamodule.manager_data import loaded_dataset, prepare_datasets, set_up_datasets
-from lightning_tune_data.datamodule.splits import (
-    SPLITS,
-    SPLITS_FOR_STAGE,
-    dataloader_name,
-    dataloader_names,
-    tell_managers_their_names,
-)
-from lightning_tune_data.datamodule.stage_checks import (
-    check_stage_has_data,
-    trainer_is_evaluating,
-    warn_if_validation_never_runs,
-)
-from lightning_tune_data.datamodule.train_stream import TrainStreamConfig, normalised_weights, packing_splits_documents
+from lightning_tune_data.datamodule.splits import SPLITS, dataloader_name, dataloader_names, tell_managers_their_names
+from lightning_tune_data.datamodule.stage_checks import check_stage, trainer_is_evaluating
+from lightning_tune_data.datamodule.train_stream import TrainStreamConfig, normalised_weights, warn_overlong_documents
 from lightning_tune_data.datamodule.validation import validated_managers
 from lightning_tune_data.distributed import current_rank_and_world_size
 from lightning_tune_data.keys import MixBy, OverlongPolicy, StoppingStrategy
-from lightning_tune_data.loading.checkpoint import (
-    TrainResume,
-    data_signature,
-    data_state,
-    warn_data_state_ignored,
-    warn_no_data_state,
-)
+from lightning_tune_data.loading.checkpoint import TrainResume, data_signature, data_state, warn_no_data_state
 from lightning_tune_data.loading.loaders import LoaderOptions, MapStyleDocuments, build_train_loader
 from lightning_tune_data.loading.resumable_loader import ResumableLoader
 from lightning_tune_data.managers import DatasetManager
 from lightning_tune_data.sources.base import TuneIterableDataset
-from lightning_tune_data.sources.lengths import overlong_warnings
 from lightning_tune_data.tokenizers import ByteTokenizer, Tokenizer
 
 __all__ = ["TextDataModule", "default_cache_dir"]
@@ -172,8 +154,7 @@ class TextDataModule(LightningDataModule):
         self.dataset_managers = validated_managers(
             dataset_managers, max_seq_len=max_seq_len, batch_size=batch_size, eval_batch_size=self.eval_batch_size,
             num_workers=num_workers, packing=packing, stopping_strategy=multidataset_stopping_strategy,
-            train_mode=train_mode, overlong=overlong, mix_by=mix_by, cache_verify=cache_verify,
-        )
+            train_mode=train_mode, overlong=overlong, mix_by=mix_by, cache_verify=cache_verify)
         tell_managers_their_names(self.dataset_managers)
         self.train_options = LoaderOptions(batch_size, num_workers, pin_memory, prefetch_factor, persistent_workers)
         self.eval_options = replace(self.train_options, batch_size=self.eval_batch_size,
@@ -182,9 +163,8 @@ class TextDataModule(LightningDataModule):
         self._overlong_checked = False  # setup warns about overlong documents once per datamodule
         self._train_loader: ResumableLoader | None = None
         self._batches_consumed = 0
-        self._resume = TrainResume()
+        self._resume = TrainResume(enabled=resume_data_state)
 
-    # -- public names ---------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
         """Vocabulary size of the tokenizer (linked into the model by the CLI)."""
@@ -201,40 +181,47 @@ class TextDataModule(LightningDataModule):
         return dataloader_names(self.dataset_managers, self.train_stream_name)
 
     def dataloader_name(self, stage: str, idx: int = 0) -> str:
-        """Name of dataloader ``idx`` of ``stage`` (``fit``/``train``, ``validate``/``val``, ...)."""
+        """Name of dataloader ``idx`` of ``stage``: what the model logs that loader's metrics under.
+
+        Args:
+            stage, idx: a Lightning stage or split name (``fit``/``train``, ``validate``/``val``, ...) and
+                the dataloader's index in it (Lightning's ``dataloader_idx``).
+        """
         return dataloader_name(self.dataloader_names, stage, idx)
 
     def _managers(self, split: str) -> dict[str, Any]:
         return self.dataset_managers.get(split) or {}
 
-    # -- lifecycle --------------------------------------------------------------------------
     def prepare_data(self) -> None:
         """Download, preprocess and cache every manager's data (Lightning runs it once per node)."""
         prepare_datasets(self.dataset_managers, self.tokenizer, self.cache_dir, self.cache_verify)
 
     def setup(self, stage: str | None = None) -> None:
-        """Load the caches every rank needs for ``stage`` (all stages when ``None``)."""
-        if stage in SPLITS_FOR_STAGE:
-            check_stage_has_data(self.dataset_managers, stage, SPLITS_FOR_STAGE[stage][0])
-            if stage == "fit" and self.stopping_strategy == "infinite" and self.train_mode == "stream":
-                warn_if_validation_never_runs(getattr(self, "trainer", None), self._managers("val"))
+        """Load the caches every rank needs for ``stage`` (all stages when ``None``).
+
+        Args:
+            stage: the Lightning stage about to run (``fit``, ``validate``, ``test``, ``predict``) or ``None``.
+        """
+        check_stage(self.dataset_managers, stage, getattr(self, "trainer", None),
+                    infinite_stream=self.stopping_strategy == "infinite" and self.train_mode == "stream")
         set_up_datasets(self._datasets, self.dataset_managers, stage, self.tokenizer, self.cache_dir)
-        if self._datasets["train"] and not packing_splits_documents(self.packing) and not self._overlong_checked:
+        if self._datasets["train"] and not self._overlong_checked:
             self._overlong_checked = True  # one pass over the cached lengths, once per datamodule
-            for line in overlong_warnings(self._datasets["train"], self.max_seq_len, self.overlong):
-                rank_zero_warn(line)
+            warn_overlong_documents(self._datasets["train"], self.max_seq_len, self.overlong, self.packing)
 
     def _loaded(self, split: str, name: str) -> Any:
         return loaded_dataset(self._datasets, split, name)
 
-    # -- train ------------------------------------------------------------------------------
     def build_train_stream(self, rank: int = 0, world_size: int = 1) -> TuneIterableDataset:
-        """Sources -> interleave by weight -> [pack]: the stream one rank's train loader reads."""
+        """Sources -> interleave by weight -> [pack]: the stream one rank's train loader reads.
+
+        Args:
+            rank, world_size: the rank's place in the run (its shard of every source).
+        """
         config = TrainStreamConfig(
             seed=self.seed, max_seq_len=self.max_seq_len, overlong=self.overlong,
             stopping_strategy=self.stopping_strategy, mix_by=self.mix_by, stream_name=self.train_stream_name,
-            packing=self.packing, packing_buffer_size=self.packing_buffer_size, num_workers=self.num_workers,
-        )
+            packing=self.packing, packing_buffer_size=self.packing_buffer_size, num_workers=self.num_workers)
         return config.build(self._managers("train"), partial(self._loaded, "train"), rank, world_size)
 
     def train_collator(self) -> PaddedCollator | PackedCollator:
@@ -259,7 +246,6 @@ class TextDataModule(LightningDataModule):
         self._train_loader = loader
         return loader
 
-    # -- eval -------------------------------------------------------------------------------
     def _eval_loaders(self, split: str) -> list[torch.utils.data.DataLoader]:
         return eval_loaders(self._managers(split), partial(self._loaded, split), tokenizer=self.tokenizer,
                             cache_dir=self.cache_dir, max_seq_len=self.max_seq_len,
@@ -279,9 +265,12 @@ class TextDataModule(LightningDataModule):
         """One loader per predict manager, in config order."""
         return self._eval_loaders("predict")
 
-    # -- resume -----------------------------------------------------------------------------
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Count the train batches the model actually consumes (the fit loop prefetches one)."""
+        """Count the train batches the model actually consumes (the fit loop prefetches one).
+
+        Args:
+            batch, dataloader_idx: the batch about to move to the device (returned as is) and its loader.
+        """
         trainer = getattr(self, "trainer", None)
         if trainer is not None and trainer.training:
             self._batches_consumed += 1
@@ -294,14 +283,10 @@ class TextDataModule(LightningDataModule):
             sources=list(self._managers("train")), weights=self.train_source_weights, mix_by=self.mix_by,
             seed=self.seed, max_seq_len=self.max_seq_len, batch_size=self.batch_size, num_workers=self.num_workers,
             world_size=world_size, packing=self.packing, stopping_strategy=self.stopping_strategy,
-            train_mode=self.train_mode,
-        )
+            train_mode=self.train_mode)
 
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's train data position after the last consumed batch (a collective under DDP).
-
-        Positions and document references only (plain Python types): :mod:`~lightning_tune_data.loading.checkpoint`.
-        """
+        """Every rank's train data position after the last consumed batch (a collective under DDP)."""
         if self._train_loader is None:
             return self._resume.pending or {}
         if self._resume.origin is not None and self._batches_consumed == 0:
@@ -315,11 +300,8 @@ class TextDataModule(LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Check the checkpoint's data config against this one and keep the state for the train loader.
 
-        What can be resumed, and how: :mod:`lightning_tune_data.loading.checkpoint`.
+        Args:
+            state_dict: the checkpoint's data state; what can be resumed: :mod:`lightning_tune_data.loading.checkpoint`.
         """
-        if not state_dict or trainer_is_evaluating(getattr(self, "trainer", None)):
-            return
-        if not self.resume_data_state:
-            warn_data_state_ignored()
-            return
-        self._resume.accept(state_dict, self.data_signature(), self.train_mode)
+        if state_dict and not trainer_is_evaluating(getattr(self, "trainer", None)):
+            self._resume.accept(state_dict, self.data_signature(), self.train_mode)

@@ -46,7 +46,11 @@ SPLITS_FOR_STAGE = {"fit": ("train", "val"), "validate": ("val",), "test": ("tes
 
 
 def default_source_name(manager: Any) -> str:
-    """Name of a manager given in list form: the first data file's stem, else the dataset's name."""
+    """Name of a manager given in list form: the first data file's stem, else the dataset's name.
+
+    Args:
+        manager: a dataset manager (its ``source_name`` wins where it has one).
+    """
     if isinstance(manager, UnconditionalGenerationDatasetManager):
         return "unconditional"
     if getattr(manager, "source_name", None):
@@ -67,6 +71,10 @@ def named_managers(split: str, managers: Any) -> Any:
 
     Anything else is returned as given (the config checks then say what is wrong with it).
 
+    Args:
+        split: the split's name (for the error).
+        managers: the split's managers, as configured.
+
     Raises:
         ValueError: two managers of the list derive the same name.
     """
@@ -83,7 +91,11 @@ def named_managers(split: str, managers: Any) -> Any:
 
 
 def tell_managers_their_names(dataset_managers: Mapping[str, Mapping[str, Any]]) -> None:
-    """Set every manager's ``source_name`` to its name in the config, so its errors name it as the config does."""
+    """Set every manager's ``source_name`` to its name in the config, so its errors name it as the config does.
+
+    Args:
+        dataset_managers: ``{split: {name: manager}}``.
+    """
     for managers in dataset_managers.values():
         for name, manager in managers.items():
             manager.source_name = name
@@ -105,6 +117,11 @@ def dataloader_names(dataset_managers: Mapping[str, Mapping[str, Any]], train_st
 
 def dataloader_name(names: Mapping[str, list[str]], stage: str, idx: int = 0) -> str:
     """Name of dataloader ``idx`` of ``stage`` (``fit``/``train``, ``validate``/``val``, ...) in ``names``.
+
+    Args:
+        names: ``{split: [names in dataloader_idx order]}`` (:func:`dataloader_names`).
+        stage: a Lightning stage or split name.
+        idx: the dataloader's index in that stage.
 
     Raises:
         ValueError: ``stage`` is no known stage or split name.

@@ -11,14 +11,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_warn
+
 from lightning_tune_data.managers import DatasetManager
 from lightning_tune_data.mixing.interleave import InterleavedDataset
 from lightning_tune_data.packing.packer import IterablePackedDataset
 from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.arrow import ArrowSource
 from lightning_tune_data.sources.base import TuneIterableDataset
+from lightning_tune_data.sources.lengths import overlong_warnings
 
-__all__ = ["TrainStreamConfig", "normalised_weights", "packing_splits_documents", "source_arguments"]
+__all__ = [
+    "TrainStreamConfig",
+    "normalised_weights",
+    "packing_splits_documents",
+    "source_arguments",
+    "warn_overlong_documents",
+]
 
 
 def packing_splits_documents(packing: str | None) -> bool:
@@ -26,19 +35,49 @@ def packing_splits_documents(packing: str | None) -> bool:
 
     Sources then hand documents out whole (no ``max_seq_len`` cut, no overlong warning): the
     packer keeps every token.
+
+    Args:
+        packing: the packing strategy's name, or ``None`` (no packing).
     """
     return packing == "concat"
 
 
+def warn_overlong_documents(
+    datasets: Mapping[str, Any], max_seq_len: int, overlong: str, packing: str | None
+) -> None:
+    """Warn, per train source, how many documents the overlong policy will cut or drop.
+
+    Nothing is cut when the packer splits long documents itself.
+
+    Args:
+        datasets: the loaded train datasets by name (their cached lengths are read).
+        max_seq_len: the longest document a source hands out.
+        overlong: ``"truncate"`` or ``"drop"``.
+        packing: the packing strategy's name, or ``None``.
+    """
+    if packing_splits_documents(packing):
+        return
+    for line in overlong_warnings(datasets, max_seq_len, overlong):
+        rank_zero_warn(line)
+
+
 def normalised_weights(managers: Mapping[str, DatasetManager]) -> dict[str, float]:
-    """Every train manager's ``weight`` as its share of the mix (the shares sum to 1)."""
+    """Every train manager's ``weight`` as its share of the mix (the shares sum to 1).
+
+    Args:
+        managers: the train managers by name (their weights are checked: finite, >= 0, not all 0).
+    """
     weights = {name: float(manager.weight) for name, manager in managers.items()}
     total = sum(weights.values())
     return {name: weight / total for name, weight in weights.items()}
 
 
 def source_arguments(settings: StreamSettings) -> dict[str, Any]:
-    """The keyword arguments a source takes for the run-wide ``settings``."""
+    """The keyword arguments a source takes for the run-wide ``settings``.
+
+    Args:
+        settings: the rank's settings (:meth:`TrainStreamConfig.settings`).
+    """
     return {
         "seed": settings.seed,
         "rank": settings.rank,
@@ -77,7 +116,11 @@ class TrainStreamConfig:
     num_workers: int
 
     def settings(self, rank: int = 0, world_size: int = 1) -> StreamSettings:
-        """The settings rank ``rank`` of ``world_size`` shares with every stage of its stream."""
+        """The settings rank ``rank`` of ``world_size`` shares with every stage of its stream.
+
+        Args:
+            rank, world_size: the rank's place in the run.
+        """
         return StreamSettings(
             seed=self.seed,
             rank=rank,

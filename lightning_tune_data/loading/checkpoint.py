@@ -148,7 +148,12 @@ def warn_data_state_ignored() -> None:
 
 
 def warn_no_data_state(owner: str, ckpt_path: Any) -> None:
-    """Warn that the checkpoint a run resumes from holds no ``owner`` data state: the data restarts."""
+    """Warn that the checkpoint a run resumes from holds no data state: the train data restarts.
+
+    Args:
+        owner: the datamodule's class name (the checkpoint key its state would be under).
+        ckpt_path: the checkpoint the run resumes from.
+    """
     rank_zero_warn(
         f"Resuming from {ckpt_path}, which holds no {owner} data state (written by another datamodule, or "
         "before the train loader existed): the train data starts from the beginning, so the batches differ "
@@ -163,19 +168,37 @@ def _changes(saved: dict[str, Any], current: dict[str, Any], keys: tuple[str, ..
 class TrainResume:
     """A checkpoint's train data state on its way from ``load_state_dict`` to the train loader.
 
+    Args:
+        enabled: restore a checkpoint's train data position (``False``: it is ignored, with a
+            warning, and the train data starts from the beginning).
+
     Attributes:
         pending: the accepted state, until :meth:`restore` uses it.
         elastic: whether ``pending`` was written with another layout.
         origin: after an elastic restore, the old state (what to save while nothing new was consumed).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
         self.pending: dict[str, Any] | None = None
         self.elastic = False
         self.origin: dict[str, Any] | None = None
 
     def accept(self, state: dict[str, Any], signature: dict[str, Any], train_mode: str) -> None:
-        """Check ``state`` against the current ``signature`` and keep it; raise if it cannot be resumed."""
+        """Check ``state`` against the current ``signature`` and keep it for :meth:`restore`.
+
+        Args:
+            state: the data state of a checkpoint (the layout of :func:`data_state`).
+            signature: the current data settings (:func:`data_signature`).
+            train_mode: ``"stream"`` or ``"map"`` (map-style data cannot change its layout).
+
+        Raises:
+            ValueError: the state cannot be resumed (another version, a changed setting it depends
+                on, another layout of map-style data); the message names the way out.
+        """
+        if not self.enabled:
+            warn_data_state_ignored()
+            return
         if state.get(VERSION_KEY) != STATE_VERSION:
             raise ValueError(
                 f"The checkpoint's train data state has version {state.get(VERSION_KEY)}, but this version of "
@@ -211,7 +234,13 @@ class TrainResume:
         self.pending, self.elastic, self.origin = state, bool(layout), None
 
     def restore(self, loader: ResumableLoader, dataset: Any, rank: int) -> int:
-        """Give the pending state to this rank's new train loader; return the batches already consumed."""
+        """Give the pending state to this rank's new train loader; return the batches already consumed.
+
+        Args:
+            loader: this rank's new train loader (not iterated yet).
+            dataset: the stream it reads (re-split from every old shard's state after a layout change).
+            rank: this rank (the entry of the state it restores with the same layout).
+        """
         state, self.pending = self.pending, None
         self.origin = None
         if state is None:
@@ -231,7 +260,14 @@ class TrainResume:
 
 
 def old_shard_states(state: dict[str, Any]) -> list[dict[str, Any]]:
-    """The train stream state of every shard (rank x dataloader worker) of a saved data state, in shard order."""
+    """The train stream state of every shard (rank x dataloader worker) of a saved data state, in shard order.
+
+    Args:
+        state: a data state (the layout of :func:`data_state`).
+
+    Raises:
+        ValueError: a worker's snapshot holds no stream state (it cannot be re-split).
+    """
     shards: list[dict[str, Any]] = []
     for rank, entry in enumerate(state[RANKS_KEY]):
         loader = entry[LOADER_STATE_KEY]

@@ -51,7 +51,11 @@ class LoaderOptions:
     drop_last: bool = True
 
     def kwargs(self, train: bool) -> dict[str, Any]:
-        """The ``DataLoader`` keyword arguments for a train (``train=True``) or an eval loader."""
+        """The ``DataLoader`` keyword arguments for a train or an eval loader.
+
+        Args:
+            train: a train loader (``drop_last`` as set; workers never persist) or an eval loader.
+        """
         kwargs: dict[str, Any] = {
             "batch_size": self.batch_size,
             "num_workers": self.num_workers,
@@ -134,7 +138,14 @@ class EvalDocuments(IterableDataset):
 
 
 class MapStyleDocuments(Dataset):
-    """Map-style view of a cached dataset (the ``train_mode="map"`` path of the table)."""
+    """Map-style view of a cached dataset (the ``train_mode="map"`` path of the table).
+
+    Args:
+        dataset: a ``datasets.Dataset`` with ``input_ids`` (and optional ``loss_mask``), or a
+            sequence of dicts with at least ``input_ids``.
+        dataset_name: the source's name; written into each sample's ``source``.
+        max_seq_len: documents longer than this are truncated.
+    """
 
     def __init__(self, dataset: Any, dataset_name: str, max_seq_len: int | None = None) -> None:
         self.dataset = dataset
@@ -171,8 +182,14 @@ def build_train_loader(
 ) -> ResumableLoader:
     """The train row of the selection table, wrapped for exact resume.
 
-    ``finite``: the stream ends (a finite stopping strategy); under DDP the ranks then agree at
-    every batch whether all still have data (see :class:`ResumableLoader`), on a gloo group.
+    Args:
+        dataset: the train stream, or map-style documents.
+        collate_fn: turns a list of samples into a batch.
+        options: the train loader options.
+        seed: seeds the map-style sampler's shuffle.
+        rank, world_size: this rank's place in the run (the map-style sampler's shard).
+        finite: the stream ends (a finite stopping strategy); under DDP the ranks then agree at
+            every batch whether all still have data (see :class:`ResumableLoader`), on a gloo group.
     """
     kwargs = options.kwargs(train=True)
     if isinstance(dataset, IterableDataset):
@@ -191,7 +208,15 @@ def build_train_loader(
 
 
 def build_eval_loader(dataset: EvalDocuments, collate_fn: Callable[[list[dict]], dict], options: LoaderOptions) -> DataLoader:
-    """The val/test/predict row of the selection table: a plain, never-shuffled ``DataLoader``."""
+    """The val/test/predict row of the selection table: a plain, never-shuffled ``DataLoader``.
+
+    It has no more workers than the rank has rows (a worker without rows would only cost).
+
+    Args:
+        dataset: the rank's share of an eval dataset.
+        collate_fn: turns a list of samples into a batch.
+        options: the eval loader options.
+    """
     options_kwargs = options.kwargs(train=False)
     if options.num_workers > dataset.num_rows:
         options_kwargs["num_workers"] = dataset.num_rows

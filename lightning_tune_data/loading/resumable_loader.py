@@ -96,7 +96,12 @@ class ResumableLoader:
         self._history.append((self.batches_yielded, self._capture()))
 
     def restore(self, state: dict[str, Any], batches_yielded: int) -> None:
-        """Load a state produced by :meth:`state_after` (before iterating)."""
+        """Load a state produced by :meth:`state_after` (before iterating).
+
+        Args:
+            state: the loader state after batch ``batches_yielded``.
+            batches_yielded: the batches handed out before that state.
+        """
         if DATASET_KEY in state:
             self.loader.dataset.load_state_dict(state[DATASET_KEY])
         else:
@@ -107,7 +112,14 @@ class ResumableLoader:
         self._history.append((batches_yielded, state))
 
     def state_after(self, batches: int) -> dict[str, Any]:
-        """The loader state right after the ``batches``-th batch was yielded."""
+        """The loader state right after the ``batches``-th batch was yielded.
+
+        Args:
+            batches: how many batches had been handed out (one of the last ``history`` ones).
+
+        Raises:
+            RuntimeError: no state after that batch is kept.
+        """
         for count, state in reversed(self._history):
             if count == batches:
                 if callable(state.get(DATASET_KEY)):

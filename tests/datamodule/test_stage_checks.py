@@ -12,6 +12,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_tune_data import LocalDatasetManager, TextDataModule
 from lightning_tune_data.datamodule.stage_checks import (
+    check_stage,
     check_stage_has_data,
     trainer_is_evaluating,
     warn_if_validation_never_runs,
@@ -77,3 +78,15 @@ def test_the_trainer_is_evaluating_in_validate_test_and_predict(fn, evaluating):
 
 def test_without_a_trainer_nothing_is_evaluating():
     assert trainer_is_evaluating(None) is False
+
+
+def test_setups_checks_run_for_a_known_stage_and_warn_only_for_an_infinite_stream():
+    config = {"train": {"a": SimpleNamespace(stages=["fit"])}, "val": {"lm": SimpleNamespace(stages=["fit"])}}
+    with pytest.warns(UserWarning, match="the train stream is infinite"):
+        check_stage(config, "fit", trainer(1.0), infinite_stream=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_stage(config, "fit", trainer(1.0), infinite_stream=False)
+        check_stage({"val": {}}, None, trainer(1.0), infinite_stream=True)  # every stage: nothing to check first
+    with pytest.raises(ValueError, match=r"dataset_managers.test: `test` needs at least one test manager"):
+        check_stage(config, "test", None, infinite_stream=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 from dataclasses import asdict, replace
 
 import datasets
@@ -17,6 +18,7 @@ from lightning_tune_data.datamodule.train_stream import (
     normalised_weights,
     packing_splits_documents,
     source_arguments,
+    warn_overlong_documents,
 )
 from lightning_tune_data.mixing.interleave import InterleavedDataset
 from lightning_tune_data.packing.packer import PACKING_STRATEGIES, IterablePackedDataset
@@ -113,3 +115,15 @@ def test_the_datamodules_stream_is_the_configs_stream_over_its_loaded_data(corpu
     assert first.keys() == second.keys()
     assert all(torch.equal(first[key], second[key]) for key in first if key != "provenance")
     assert first["provenance"] == second["provenance"]
+
+
+def test_overlong_documents_are_warned_about_per_source_unless_the_packer_splits_them():
+    with pytest.warns(UserWarning) as caught:
+        warn_overlong_documents(DATA, max_seq_len=4, overlong="drop", packing="best_fit")
+    lines = [str(warning.message) for warning in caught]
+    assert len(lines) == 2 and lines[0].startswith("Train source 'a': ") and lines[1].startswith("Train source 'b': ")
+    assert all("overlong='drop'" in line for line in lines)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_overlong_documents(DATA, max_seq_len=4, overlong="drop", packing="concat")
+        warn_overlong_documents(DATA, max_seq_len=64, overlong="drop", packing=None)

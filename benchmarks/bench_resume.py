@@ -156,7 +156,7 @@ def _positions(state: dict, num_workers: int) -> list:
 def checkpoint(dm, loader_state: dict | None, batches: int) -> dict:
     if loader_state is None:
         return {}
-    from lightning_tune_data.datamodule.module import STATE_VERSION
+    from lightning_tune_data.loading.checkpoint import STATE_VERSION
 
     return {"version": STATE_VERSION, "signature": dm.data_signature(),
             "ranks": [{"batches_consumed": batches, "loader": loader_state}]}

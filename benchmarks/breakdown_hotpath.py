@@ -228,7 +228,7 @@ def main() -> int:
              f"{datasets_us / middle['ours unpacked']:.1f}x |"]
     from lightning_tune_data.collate.packed import PackedCollator
     from lightning_tune_data.collate.padded import PaddedCollator
-    from lightning_tune_data.loading.loaders import ResumableLoader
+    from lightning_tune_data.loading.resumable_loader import ResumableLoader
     from lightning_tune_data.packing.progress import PackingProgress
     from lightning_tune_data.packing.strategies import get_strategy
 

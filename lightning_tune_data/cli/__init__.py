@@ -79,6 +79,9 @@ def _import_class(class_path: str) -> type:
 def check_dataset_managers(data_config: Any) -> None:
     """Build every configured manager once, so a failure names its config path in the first line.
 
+    Args:
+        data_config: the parsed ``data`` section of the config (``None``: nothing to check).
+
     Raises:
         ConfigError: ``data.dataset_managers.<split>.<name> (<class>): <the manager's message>``.
     """
@@ -111,15 +114,22 @@ class TuneDataCLI(LightningCLI):
     """
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Link the datamodule's ``vocab_size`` and ``max_seq_len`` into the model; default tokenizer.
+
+        Args:
+            parser: the CLI's argument parser.
+        """
         parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.max_seq_len", "model.init_args.max_seq_len", apply_on="instantiate")
         parser.set_defaults({"data.tokenizer": {"class_path": "lightning_tune_data.ByteTokenizer"}})
 
     def before_instantiate_classes(self) -> None:
+        """Build every configured manager once, so a bad one is reported by its config path."""
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
         check_dataset_managers(config.get("data"))
 
     def instantiate_classes(self) -> None:
+        """Build the classes; a datamodule config error is reported with its ``data.`` path."""
         try:
             super().instantiate_classes()
         except ValueError as error:
@@ -168,7 +178,11 @@ set_loader("yaml", _strict_yaml_loader(get_loader("yaml")), exceptions=(yaml.YAM
 
 
 def run_cli(args: list[str] | None = None) -> TuneDataCLI:
-    """Build and run the CLI (``args`` defaults to ``sys.argv[1:]``); returns it for inspection."""
+    """Build and run the CLI; returns it for inspection.
+
+    Args:
+        args: the command line without the program name (``None``: ``sys.argv[1:]``).
+    """
     return TuneDataCLI(
         model_class=LightningModule,
         datamodule_class=TextDataModule,
@@ -183,6 +197,9 @@ def main(args: list[str] | None = None) -> None:
 
     Subcommands listed in :data:`lightning_tune_data.commands.COMMANDS` (data tools that need
     no Trainer) run on their own; everything else goes to the LightningCLI.
+
+    Args:
+        args: the command line without the program name (``None``: ``sys.argv[1:]``).
     """
     argv = sys.argv[1:] if args is None else list(args)
     if argv and argv[0] in COMMANDS:

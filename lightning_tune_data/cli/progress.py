@@ -27,13 +27,23 @@ class StepProgressBar(RichProgressBar):
         return super()._get_train_description(current_epoch)
 
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+        """The bar's metrics under short names (:func:`short_metric_name`), without the version number.
+
+        Args:
+            trainer: the running Trainer.
+            pl_module: the model being trained.
+        """
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)
         return {short_metric_name(key): value for key, value in metrics.items()}
 
 
 def short_metric_name(key: str) -> str:
-    """``train/<stream>/loss`` -> ``loss``; ``val/lm/loss`` -> ``lm/loss``; other keys unchanged."""
+    """``train/<stream>/loss`` -> ``loss``; ``val/lm/loss`` -> ``lm/loss``; other keys unchanged.
+
+    Args:
+        key: a logged metric's full name.
+    """
     parts = key.split("/")
     if len(parts) == 3 and parts[0] == "train":
         return parts[2]

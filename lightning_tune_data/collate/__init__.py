@@ -22,7 +22,10 @@ document pieces; any other packed samples (plain dicts) are validated and copied
 
 from __future__ import annotations
 
-from lightning_tune_data.collate.base import (
+from lightning_tune_data.collate.base import shifted_labels
+from lightning_tune_data.collate.packed import PackedCollator, packed_provenance
+from lightning_tune_data.collate.padded import PaddedCollator
+from lightning_tune_data.keys import (
     ATTENTION_MASK,
     DOCUMENT_IDS,
     DROPPED_BEFORE,
@@ -40,10 +43,7 @@ from lightning_tune_data.collate.base import (
     SOURCE,
     TOKENS,
     TRUNCATED_TOKENS,
-    shifted_labels,
 )
-from lightning_tune_data.collate.packed import PackedCollator, packed_provenance
-from lightning_tune_data.collate.padded import PaddedCollator
 
 __all__ = [
     "ATTENTION_MASK",

@@ -1,4 +1,7 @@
-"""What both collators share: the batch and provenance keys, the label shift, and argument checks."""
+"""What both collators share: the label shift, argument and sample checks, and a cached range.
+
+The batch and provenance keys they write are defined once in :mod:`lightning_tune_data.keys`.
+"""
 
 from __future__ import annotations
 
@@ -7,33 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from lightning_tune_data.sources.base import DROPPED_BEFORE, EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, TRUNCATED_TOKENS
-from lightning_tune_data.keys import IGNORE_INDEX
+from lightning_tune_data.keys import EPOCH, NEW_DOCUMENT, SOURCE, TOKENS
 from lightning_tune_data.packing.pieces import document_labels
 
-__all__ = ["DROPPED_BEFORE", "EPOCH", "IGNORE_INDEX", "INPUT_IDS", "LOSS_MASK", "SOURCE", "TRUNCATED_TOKENS"]
-
-#: Batch keys.
-LABELS = "labels"
-ATTENTION_MASK = "attention_mask"
-POSITION_IDS = "position_ids"
-DOCUMENT_IDS = "document_ids"
-SEQ_LENS = "seq_lens"
-PROVENANCE = "provenance"
-
-#: Provenance keys (``SOURCE`` and ``EPOCH`` are shared with document samples).
-TOKENS = "tokens"
-ROW = "row"
-NEW_DOCUMENT = "new_document"
-
-#: ``document_ids`` value on padding positions of a packed batch.
-PAD_DOCUMENT_ID = -1
-
 #: Columns kept in the collators' per-width caches (they grow for wider batches).
-_CACHED_WIDTH = 1 << 12
+CACHED_WIDTH = 1 << 12
 
 #: Keys each per-document provenance entry of a packed sample must have.
-_PACKED_PROVENANCE_KEYS = (SOURCE, EPOCH, TOKENS, NEW_DOCUMENT)
+PACKED_PROVENANCE_KEYS = (SOURCE, EPOCH, TOKENS, NEW_DOCUMENT)
 
 
 def shifted_labels(input_ids: np.ndarray, loss_mask: np.ndarray | None = None) -> np.ndarray:
@@ -85,15 +69,28 @@ def _check_pad_id(owner: str, pad_id: int) -> int:
     return int(pad_id)
 
 
-def _padded_length(longest: int, pad_to_multiple_of: int | None) -> int:
-    """``longest`` rounded up to a multiple of ``pad_to_multiple_of`` (if given)."""
+def padded_length(longest: int, pad_to_multiple_of: int | None) -> int:
+    """``longest`` rounded up to a multiple of ``pad_to_multiple_of`` (if given).
+
+    Args:
+        longest: the longest row of a batch (tokens).
+        pad_to_multiple_of: the multiple to round up to; ``None``: no rounding.
+    """
     if pad_to_multiple_of is None:
         return longest
     return -(-longest // pad_to_multiple_of) * pad_to_multiple_of
 
 
-def _one_d(owner: str, index: int, key: str, value: Any, integer: bool = True) -> np.ndarray:
-    """``value`` as a 1-D (integer) array, or a ValueError naming the sample and the key."""
+def one_d_array(owner: str, index: int, key: str, value: Any, integer: bool = True) -> np.ndarray:
+    """``value`` as a 1-D (integer) array, or a ValueError naming the sample and the key.
+
+    Args:
+        owner: the collator's name, first in every message.
+        index: the sample's position in the batch.
+        key: the field ``value`` was read from.
+        value: the field's value (an array, or anything ``np.asarray`` reads).
+        integer: whether the array must hold integers (token ids; a loss mask need not).
+    """
     if type(value) is np.ndarray and value.ndim == 1 and (not integer or value.dtype.kind in "iu"):
         return value  # the common case, checked cheaply (this runs per document on the hot path)
     array = np.asarray(value)
@@ -109,8 +106,15 @@ def _one_d(owner: str, index: int, key: str, value: Any, integer: bool = True) -
     return array
 
 
-def _count(owner: str, index: int, sample: Mapping[str, Any], key: str) -> int:
-    """An optional non-negative int field of a sample or provenance entry (absent or None: 0)."""
+def count_field(owner: str, index: int, sample: Mapping[str, Any], key: str) -> int:
+    """An optional non-negative int field of a sample or provenance entry (absent or None: 0).
+
+    Args:
+        owner: the collator's name, first in every message.
+        index: the sample's position in the batch.
+        sample: the sample or provenance entry.
+        key: the field to read.
+    """
     value = sample.get(key)
     if value is None:
         return 0
@@ -122,7 +126,16 @@ def _count(owner: str, index: int, sample: Mapping[str, Any], key: str) -> int:
     return int(value)
 
 
-def _required(owner: str, index: int, sample: Mapping[str, Any], key: str, what: str) -> Any:
+def required_field(owner: str, index: int, sample: Mapping[str, Any], key: str, what: str) -> Any:
+    """Field ``key`` of ``sample``, or a ValueError naming the sample, the key and the keys it has.
+
+    Args:
+        owner: the collator's name, first in every message.
+        index: the sample's position in the batch.
+        sample: the sample or provenance entry.
+        key: the field to read.
+        what: why the field must be there (the end of the message).
+    """
     try:
         return sample[key]
     except KeyError:
@@ -143,7 +156,7 @@ class ArangeCache:
     def __call__(self, n: int) -> np.ndarray:
         values = self._values
         if values is None or values.shape[0] < n:
-            values = self._values = np.arange(max(n, _CACHED_WIDTH), dtype=np.int64)
+            values = self._values = np.arange(max(n, CACHED_WIDTH), dtype=np.int64)
         return values[:n]
 
     def __reduce__(self) -> tuple:
@@ -152,6 +165,12 @@ class ArangeCache:
 
 def checked_collator_options(owner: str, pad_id: int, max_seq_len: int | None,
                              pad_to_multiple_of: int | None) -> tuple[int, int | None, int | None]:
-    """``(pad_id, max_seq_len, pad_to_multiple_of)`` after the checks every collator applies."""
+    """``(pad_id, max_seq_len, pad_to_multiple_of)`` after the checks every collator applies.
+
+    Args:
+        owner: the collator's name, first in every message.
+        pad_id: the tokenizer's pad id (an int).
+        max_seq_len, pad_to_multiple_of: positive ints, or ``None``.
+    """
     return (_check_pad_id(owner, pad_id), _check_optional_positive(owner, "max_seq_len", max_seq_len),
             _check_optional_positive(owner, "pad_to_multiple_of", pad_to_multiple_of))

@@ -1,4 +1,7 @@
-"""``PackedCollator``: packed samples (several documents per row) stacked into one batch (see ``collate.py``)."""
+"""``PackedCollator``: packed samples (several documents per row) stacked into one batch.
+
+The label contract and the provenance side channel are described in :mod:`lightning_tune_data.collate`.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,15 @@ import torch
 from torch.utils.data import get_worker_info
 
 from lightning_tune_data.collate.base import (
-    _PACKED_PROVENANCE_KEYS,
+    PACKED_PROVENANCE_KEYS,
+    ArangeCache,
+    checked_collator_options,
+    one_d_array,
+    padded_length,
+    required_field,
+)
+from lightning_tune_data.collate.worker_memory import batch_planes, batch_tensor
+from lightning_tune_data.keys import (
     ATTENTION_MASK,
     DOCUMENT_IDS,
     DROPPED_BEFORE,
@@ -29,16 +40,10 @@ from lightning_tune_data.collate.base import (
     SOURCE,
     TOKENS,
     TRUNCATED_TOKENS,
-    ArangeCache,
-    checked_collator_options,
-    _one_d,
-    _padded_length,
-    _required,
 )
 from lightning_tune_data.packing.pack import Pack, PackedSample
 from lightning_tune_data.packing.pieces import DROPPED_AT, EPOCH_AT, LENGTH_AT, NEW_DOCUMENT_AT, SOURCE_AT, TRUNCATED_AT
 from lightning_tune_data.packing.rows import write_rows
-from lightning_tune_data.collate.worker_memory import batch_planes, batch_tensor
 
 
 _PACK, _REFS, _LENGTH = operator.attrgetter("pack"), operator.attrgetter("refs"), operator.attrgetter("length")
@@ -138,7 +143,7 @@ class PackedCollator:
         owner = type(self).__name__
         what = "packed samples come from IterablePackedDataset (unpacked: use PaddedCollator)."
         arrays = [
-            _one_d(owner, index, key, _required(owner, index, sample, key, what))
+            one_d_array(owner, index, key, required_field(owner, index, sample, key, what))
             for key in self._ARRAY_KEYS
         ]
         n = arrays[0].shape[0]
@@ -153,24 +158,24 @@ class PackedCollator:
                 f"{owner}: sample {index} is a pack of {n} tokens, longer than max_seq_len="
                 f"{self.max_seq_len}. Give the packer and the collator the same max_seq_len."
             )
-        seq_lens = [int(length) for length in _required(owner, index, sample, SEQ_LENS, what)]
+        seq_lens = [int(length) for length in required_field(owner, index, sample, SEQ_LENS, what)]
         if sum(seq_lens) != n:
             raise ValueError(
                 f"{owner}: sample {index} seq_lens={seq_lens} sum to {sum(seq_lens)}, but the "
                 f"pack has {n} tokens; seq_lens must list every document's length in the pack."
             )
-        provenance = list(_required(owner, index, sample, PROVENANCE, what))
+        provenance = list(required_field(owner, index, sample, PROVENANCE, what))
         if len(provenance) != len(seq_lens):
             raise ValueError(
                 f"{owner}: sample {index} has {len(seq_lens)} seq_lens but {len(provenance)} "
                 "provenance entries; there must be one provenance entry per document."
             )
         for document in provenance:
-            missing = [key for key in _PACKED_PROVENANCE_KEYS if key not in document]
+            missing = [key for key in PACKED_PROVENANCE_KEYS if key not in document]
             if missing:
                 raise ValueError(
                     f"{owner}: sample {index} has a provenance entry without {missing} (got "
-                    f"{sorted(document)}); each entry needs {list(_PACKED_PROVENANCE_KEYS)}."
+                    f"{sorted(document)}); each entry needs {list(PACKED_PROVENANCE_KEYS)}."
                 )
         return arrays, seq_lens, provenance
 
@@ -199,7 +204,7 @@ class PackedCollator:
         lengths = np.fromiter(
             (arrays[0].shape[0] for arrays, _, _ in validated), dtype=np.int64, count=batch_size
         )
-        width = _padded_length(int(lengths.max()), self.pad_to_multiple_of)
+        width = padded_length(int(lengths.max()), self.pad_to_multiple_of)
         max_documents = max(len(v[1]) for v in validated)
 
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
@@ -244,7 +249,7 @@ class PackedCollator:
                 f"{owner}: a pack of {longest} tokens is longer than max_seq_len={self.max_seq_len}. Give "
                 "the packer and the collator the same max_seq_len."
             )
-        width = _padded_length(longest, self.pad_to_multiple_of)
+        width = padded_length(longest, self.pad_to_multiple_of)
         refs = list(map(_REFS, packs))
         counts = list(map(len, refs))
         most = max(counts)

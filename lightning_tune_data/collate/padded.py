@@ -1,4 +1,7 @@
-"""``PaddedCollator``: document samples padded into one batch, one document per row (see ``collate.py``)."""
+"""``PaddedCollator``: document samples padded into one batch, one document per row.
+
+The label contract and the provenance side channel are described in :mod:`lightning_tune_data.collate`.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,16 @@ import numpy as np
 import torch
 
 from lightning_tune_data.collate.base import (
-    _CACHED_WIDTH,
+    CACHED_WIDTH,
+    ArangeCache,
+    checked_collator_options,
+    count_field,
+    one_d_array,
+    padded_length,
+    required_field,
+)
+from lightning_tune_data.collate.worker_memory import batch_planes
+from lightning_tune_data.keys import (
     ATTENTION_MASK,
     DROPPED_BEFORE,
     EPOCH,
@@ -25,14 +37,7 @@ from lightning_tune_data.collate.base import (
     SOURCE,
     TOKENS,
     TRUNCATED_TOKENS,
-    ArangeCache,
-    checked_collator_options,
-    _count,
-    _one_d,
-    _padded_length,
-    _required,
 )
-from lightning_tune_data.collate.worker_memory import batch_planes
 
 #: The fields every document sample has, the optional ones the padded collator reads, a dtype getter.
 _DOCUMENT_FIELDS = operator.itemgetter(INPUT_IDS, SOURCE, EPOCH)
@@ -154,13 +159,13 @@ class PaddedCollator:
             return None  # not all 1-D integer arrays: the per-sample checks say which sample and why
         owner = type(self).__name__
         if TRUNCATED_TOKENS in optional:
-            truncated = [_count(owner, i, sample, TRUNCATED_TOKENS) for i, sample in enumerate(samples)]
+            truncated = [count_field(owner, i, sample, TRUNCATED_TOKENS) for i, sample in enumerate(samples)]
             if cut is not None:
                 truncated = [count + extra for count, extra in zip(truncated, cut)]
         else:
             truncated = cut if cut is not None else [0] * len(samples)
         if DROPPED_BEFORE in optional:
-            dropped = [_count(owner, i, sample, DROPPED_BEFORE) for i, sample in enumerate(samples)]
+            dropped = [count_field(owner, i, sample, DROPPED_BEFORE) for i, sample in enumerate(samples)]
         else:
             dropped = [0] * len(samples)
         return lengths, tokens, None, sources, epochs, truncated, dropped
@@ -175,32 +180,32 @@ class PaddedCollator:
         truncated: list[int] = []
         dropped: list[int] = []
         for index, sample in enumerate(samples):
-            ids = _one_d(
+            ids = one_d_array(
                 owner, index, INPUT_IDS,
-                _required(owner, index, sample, INPUT_IDS, "document samples need token ids."),
+                required_field(owner, index, sample, INPUT_IDS, "document samples need token ids."),
             )
             mask = sample.get(LOSS_MASK)
             if mask is not None:
-                mask = _one_d(owner, index, LOSS_MASK, mask, integer=False)
+                mask = one_d_array(owner, index, LOSS_MASK, mask, integer=False)
                 if mask.shape != ids.shape:
                     raise ValueError(
                         f"{owner}: sample {index} has {ids.shape[0]} input_ids but "
                         f"{mask.shape[0]} loss_mask entries; they must describe the same tokens."
                     )
                 mask = mask.astype(bool, copy=False)
-            cut = _count(owner, index, sample, TRUNCATED_TOKENS)
+            cut = count_field(owner, index, sample, TRUNCATED_TOKENS)
             if self.max_seq_len is not None and ids.shape[0] > self.max_seq_len:
                 cut += ids.shape[0] - self.max_seq_len
                 ids = ids[: self.max_seq_len]
                 mask = None if mask is None else mask[: self.max_seq_len]
             ids_list.append(ids)
             masks.append(mask)
-            source = _required(owner, index, sample, SOURCE, "the stream sets the source name.")
-            epoch = _required(owner, index, sample, EPOCH, "the stream sets the source's pass.")
+            source = required_field(owner, index, sample, SOURCE, "the stream sets the source name.")
+            epoch = required_field(owner, index, sample, EPOCH, "the stream sets the source's pass.")
             sources.append(str(source))
             epochs.append(int(epoch))
             truncated.append(cut)
-            dropped.append(_count(owner, index, sample, DROPPED_BEFORE))
+            dropped.append(count_field(owner, index, sample, DROPPED_BEFORE))
         # Each document's ids cast to int64 on their own (exactly what a row-by-row copy writes).
         total = sum(ids.shape[0] for ids in ids_list)
         tokens = np.concatenate(ids_list, out=np.empty(total, dtype=np.int64), casting="unsafe")
@@ -219,7 +224,7 @@ class PaddedCollator:
         padding position and masked target keeps ``-100``.
         """
         batch_size = len(lengths)
-        width = _padded_length(max(lengths), self.pad_to_multiple_of)
+        width = padded_length(max(lengths), self.pad_to_multiple_of)
         # One block holds all four outputs: a batch then crosses from a dataloader worker in one
         # shared-memory segment instead of four, built there directly (see worker_memory).
         block, planes = batch_planes((4, batch_size, width))
@@ -248,7 +253,7 @@ class PaddedCollator:
         """
         window = self._windows
         if window is None or window.shape[1] < width:
-            size = max(width, _CACHED_WIDTH)
+            size = max(width, CACHED_WIDTH)
             base = np.zeros(2 * size, dtype=bool)
             base[:size] = True
             window = self._windows = np.lib.stride_tricks.as_strided(

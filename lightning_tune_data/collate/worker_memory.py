@@ -35,6 +35,10 @@ def batch_planes(shape: tuple[int, ...], dtype: torch.dtype = torch.int64) -> tu
     so the batch leaves the worker as one segment. In the main process each plane wraps the array's
     plane: one ``torch.from_numpy`` per plane cost ~15 µs less per batch than ``unbind`` of one
     tensor, measured in the in-process train loop (torch's dispatch runs cold between batches).
+
+    Args:
+        shape: the block's shape; its planes are ``block[i]`` along the first dimension.
+        dtype: the block's dtype.
     """
     if get_worker_info() is None:
         block = np.empty(shape, dtype=_numpy_dtype(dtype))
@@ -51,7 +55,12 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
 
 
 def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised tensor of ``shape`` and ``dtype``; in shared memory inside a dataloader worker."""
+    """An uninitialised tensor of ``shape`` and ``dtype``; in shared memory inside a dataloader worker.
+
+    Args:
+        shape: the tensor's shape.
+        dtype: the tensor's dtype.
+    """
     if get_worker_info() is None:
         return torch.from_numpy(np.empty(shape, dtype=_numpy_dtype(dtype)))
     empty = torch.empty(0, dtype=dtype)

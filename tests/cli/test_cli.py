@@ -394,23 +394,6 @@ def test_known_third_party_warnings_and_tips_are_filtered(caplog):
     assert [r.getMessage() for r in caplog.records] == ["GPU available: False"]
 
 
-def test_progress_bar_names_steps_and_short_metric_keys(tmp_path):
-    from lightning.pytorch import Trainer
-
-    from lightning_tune_data.cli.progress import StepProgressBar, short_metric_name
-
-    assert short_metric_name("train/interleaved/loss") == "loss"
-    assert short_metric_name("val/lm/perplexity") == "lm/perplexity"
-    assert short_metric_name("dataset/all/padding_share") == "dataset/all/padding_share"
-    bar = StepProgressBar()
-    trainer = Trainer(max_steps=5, callbacks=[bar], logger=False, default_root_dir=str(tmp_path))
-    bar.setup(trainer, None, "fit")
-    assert bar._get_train_description(0).strip() == "train"
-    epochs = StepProgressBar()
-    epochs.setup(Trainer(max_epochs=2, callbacks=[epochs], logger=False, default_root_dir=str(tmp_path)), None, "fit")
-    assert epochs._get_train_description(0).strip() == "Epoch 0/1"
-
-
 def test_predict_layered_on_a_fit_config_writes_decoded_predictions(fitted, cli_root, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # configs/predict.yaml writes runs/quickstart/predictions.jsonl
     run_cli(["predict", "--config", str(cli_root / "configs" / "small.yaml"), "--config", str(REPO / "configs" / "predict.yaml"),

@@ -1,8 +1,5 @@
-"""Collators: the label contract, the padding contract, packing layout and provenance.
-
-Labels are already shifted: the label at position ``i`` is the target predicted at ``i``
-(``input_ids[i + 1]`` of the same document), ``-100`` at document ends, padding and masked
-prompt tokens. The tests spell out every position of small batches.
+"""``PaddedCollator``: one document per row, every position of labels and padding spelled out,
+provenance per document, and a row-by-row reference it matches bit for bit.
 """
 
 from __future__ import annotations
@@ -13,124 +10,16 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from collate_samples import PAD, X, doc, rows
 
 from lightning_tune_data.collate import (
     ATTENTION_MASK,
-    DOCUMENT_IDS,
-    IGNORE_INDEX,
     INPUT_IDS,
     LABELS,
     POSITION_IDS,
     PROVENANCE,
-    SEQ_LENS,
-    PackedCollator,
     PaddedCollator,
-    shifted_labels,
 )
-
-PAD = 99
-X = IGNORE_INDEX  # short alias for "no target" in expected arrays
-
-
-def doc(ids: list[int], source: str = "a", epoch: int = 0, mask: list[bool] | None = None) -> dict[str, Any]:
-    """A document sample as the stream yields it."""
-    sample: dict[str, Any] = {"input_ids": np.asarray(ids, dtype=np.int32), "source": source, "epoch": epoch}
-    if mask is not None:
-        sample["loss_mask"] = np.asarray(mask, dtype=bool)
-    return sample
-
-
-def pack(documents: list[dict[str, Any]], new_document: list[bool] | None = None) -> dict[str, Any]:
-    """A packed sample built the way the packer must: labels shifted per document, then joined."""
-    flags = new_document or [True] * len(documents)
-    ids = [np.asarray(d["input_ids"], dtype=np.int32) for d in documents]
-    return {
-        "input_ids": np.concatenate(ids),
-        "labels": np.concatenate([shifted_labels(i, d.get("loss_mask")) for i, d in zip(ids, documents)]),
-        "position_ids": np.concatenate([np.arange(len(i)) for i in ids]),
-        "document_ids": np.concatenate([np.full(len(i), k) for k, i in enumerate(ids)]),
-        "seq_lens": [len(i) for i in ids],
-        "provenance": [
-            {"source": d["source"], "epoch": d["epoch"], "tokens": len(i), "new_document": flag}
-            for d, i, flag in zip(documents, ids, flags)
-        ],
-    }
-
-
-def rows(tensor: torch.Tensor) -> list[list[int]]:
-    return tensor.tolist()
-
-
-# ----------------------------------------------------------------------------- shifted_labels
-
-
-def test_shifted_labels_target_the_next_token_and_ignore_the_document_end() -> None:
-    labels = shifted_labels(np.array([10, 11, 12, 13]), None)
-    assert labels.dtype == np.int64
-    assert labels.tolist() == [11, 12, 13, X]
-
-
-def test_shifted_labels_ignore_positions_whose_next_token_is_masked_prompt() -> None:
-    ids = np.array([10, 11, 12, 13, 14])
-    mask = np.array([False, False, True, True, True])  # two prompt tokens, three answer tokens
-    assert shifted_labels(ids, mask).tolist() == [X, 12, 13, 14, X]
-
-
-def test_shifted_labels_of_a_single_token_document_is_ignored() -> None:
-    assert shifted_labels(np.array([7]), None).tolist() == [X]
-
-
-def test_shifted_labels_of_an_empty_document_is_empty() -> None:
-    labels = shifted_labels(np.array([], dtype=np.int64), None)
-    assert labels.shape == (0,) and labels.dtype == np.int64
-
-
-def test_shifted_labels_do_not_modify_their_inputs() -> None:
-    ids = np.array([1, 2, 3])
-    mask = np.array([True, False, True])
-    shifted_labels(ids, mask)
-    assert ids.tolist() == [1, 2, 3] and mask.tolist() == [True, False, True]
-
-
-def test_shifted_labels_reject_a_mask_of_another_length() -> None:
-    with pytest.raises(ValueError, match="loss_mask has shape"):
-        shifted_labels(np.array([1, 2, 3]), np.array([True, True]))
-
-
-def test_shifted_labels_never_cross_a_document_boundary_in_a_packed_row() -> None:
-    rng = np.random.default_rng(0)
-    documents = []
-    for k in range(40):
-        n = int(rng.integers(1, 12))
-        mask = rng.random(n) < 0.7 if k % 3 == 0 else None
-        documents.append(doc(rng.integers(0, 50, n).tolist(), mask=None if mask is None else mask.tolist()))
-    batch = PackedCollator(pad_id=PAD)([pack(documents[:25]), pack(documents[25:])])
-
-    def crossing_labels(ids: np.ndarray, labels: np.ndarray, document_ids: np.ndarray) -> int:
-        """Number of targets that are not the next token of the same document."""
-        targets = np.flatnonzero(labels != X)
-        assert targets.size > 0 and (targets + 1 < ids.shape[0]).all()
-        same_document = document_ids[targets + 1] == document_ids[targets]
-        next_token = labels[targets] == ids[targets + 1]
-        return int((~(same_document & next_token)).sum())
-
-    for row in range(2):
-        ids = batch[INPUT_IDS][row].numpy()
-        labels = batch[LABELS][row].numpy()
-        document_ids = batch[DOCUMENT_IDS][row].numpy()
-        assert crossing_labels(ids, labels, document_ids) == 0
-        # the last token of every document has no target
-        real = document_ids >= 0
-        last_of_document = np.flatnonzero(real & (np.append(document_ids[1:], -1) != document_ids))
-        assert (labels[last_of_document] == X).all()
-        # control: shifting the whole row at once (the bug this guards against) is caught
-        n = int(real.sum())
-        whole_row = np.full_like(labels, X)
-        whole_row[:n] = shifted_labels(ids[:n], None)
-        assert crossing_labels(ids, whole_row, document_ids) > 0
-
-
-# ----------------------------------------------------------------------------- PaddedCollator
 
 
 def test_padded_collator_lays_out_every_position_of_labels_and_padding() -> None:
@@ -237,29 +126,6 @@ def test_padded_collator_rejects_non_integer_or_2d_input_ids() -> None:
 def test_padded_collator_rejects_an_empty_batch() -> None:
     with pytest.raises(ValueError, match="empty list"):
         PaddedCollator(pad_id=PAD)([])
-
-
-@pytest.mark.parametrize(
-    "kwargs", [{"max_seq_len": 0}, {"pad_to_multiple_of": -8}, {"pad_id": None}]
-)
-def test_collators_reject_invalid_arguments_naming_them(kwargs: dict[str, Any]) -> None:
-    arguments = {"pad_id": PAD, **kwargs}
-    name = next(iter(kwargs))
-    for cls in (PaddedCollator, PackedCollator):
-        with pytest.raises(ValueError, match=name):
-            cls(**arguments)
-
-
-def test_collators_survive_a_pickle_round_trip_and_behave_the_same() -> None:
-    padded = PaddedCollator(pad_id=PAD, max_seq_len=8, pad_to_multiple_of=4)
-    packed = PackedCollator(pad_id=PAD, max_seq_len=8, pad_to_multiple_of=4)
-    docs = [doc([1, 2, 3]), doc([4, 5])]
-    for collator, samples in ((padded, docs), (packed, [pack(docs)])):
-        restored = pickle.loads(pickle.dumps(collator))
-        expected, actual = collator(samples), restored(samples)
-        assert repr(restored) == repr(collator)
-        for key in (INPUT_IDS, LABELS, ATTENTION_MASK, POSITION_IDS):
-            assert torch.equal(expected[key], actual[key])
 
 
 def test_padded_collator_works_as_a_dataloader_collate_fn() -> None:
@@ -422,7 +288,6 @@ def test_padded_collator_pickles_small_after_wide_batches() -> None:
     assert rows(restored([doc([3, 4]), doc([5])])[LABELS]) == [[4, X], [X, X]]
 
 
-
 def test_padded_collator_batches_cross_a_worker_process_in_one_shared_storage() -> None:
     documents = [doc(list(range(i + 1)), source=f"s{i % 2}") for i in range(6)]
     collator = PaddedCollator(pad_id=PAD, pad_to_multiple_of=4)
@@ -436,61 +301,6 @@ def test_padded_collator_batches_cross_a_worker_process_in_one_shared_storage() 
         assert len({output.untyped_storage().data_ptr() for output in outputs}) == 1
         assert batch[PROVENANCE] == expected[PROVENANCE]
 
-# ----------------------------------------------------------------------------- PackedCollator
-
-
-def test_packed_collator_lays_out_every_position_and_pads_each_field() -> None:
-    row0 = pack([doc([1, 2, 3], "a", 0), doc([4, 5], "b", 1)])
-    row1 = pack([doc([6, 7], "a", 0), doc([8], "c", 0), doc([9], "b", 3)])
-    batch = PackedCollator(pad_id=PAD)([row0, pack([doc([10, 11, 12], "a", 1)]), row1])
-    assert rows(batch[INPUT_IDS]) == [[1, 2, 3, 4, 5], [10, 11, 12, PAD, PAD], [6, 7, 8, 9, PAD]]
-    assert rows(batch[LABELS]) == [[2, 3, X, 5, X], [11, 12, X, X, X], [7, X, X, X, X]]
-    assert rows(batch[POSITION_IDS]) == [[0, 1, 2, 0, 1], [0, 1, 2, 0, 0], [0, 1, 0, 0, 0]]
-    assert rows(batch[DOCUMENT_IDS]) == [[0, 0, 0, 1, 1], [0, 0, 0, -1, -1], [0, 0, 1, 2, -1]]
-    assert rows(batch[ATTENTION_MASK]) == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]]
-    assert rows(batch[SEQ_LENS]) == [[3, 2, 0], [3, 0, 0], [2, 1, 1]]
-
-
-def test_packed_collator_outputs_long_tensors_with_documents_dimension() -> None:
-    batch = PackedCollator(pad_id=PAD, pad_to_multiple_of=8)(
-        [pack([doc([1, 2]), doc([3])]), pack([doc([4, 5, 6, 7])])]
-    )
-    for key in (INPUT_IDS, LABELS, POSITION_IDS, DOCUMENT_IDS, ATTENTION_MASK):
-        assert batch[key].dtype == torch.long, key
-        assert tuple(batch[key].shape) == (2, 8), key
-    assert batch[SEQ_LENS].dtype == torch.long and tuple(batch[SEQ_LENS].shape) == (2, 2)
-    assert set(batch) == {INPUT_IDS, LABELS, POSITION_IDS, DOCUMENT_IDS, ATTENTION_MASK, SEQ_LENS, PROVENANCE}
-
-
-def test_packed_collator_keeps_prompt_masking_from_the_pack() -> None:
-    prompt_answer = doc([1, 2, 3, 4], mask=[False, False, True, True])
-    batch = PackedCollator(pad_id=PAD)([pack([prompt_answer, doc([5, 6])])])
-    assert rows(batch[LABELS]) == [[X, 3, 4, X, 6, X]]
-
-
-def test_packed_collator_padding_positions_hold_pad_id_and_ignored_labels() -> None:
-    batch = PackedCollator(pad_id=PAD, pad_to_multiple_of=4)([pack([doc([1, 2]), doc([3])])])
-    assert rows(batch[INPUT_IDS]) == [[1, 2, 3, PAD]]
-    assert rows(batch[LABELS]) == [[2, X, X, X]]
-    assert rows(batch[POSITION_IDS]) == [[0, 1, 0, 0]]
-    assert rows(batch[DOCUMENT_IDS]) == [[0, 0, 1, -1]]
-    assert rows(batch[ATTENTION_MASK]) == [[1, 1, 1, 0]]
-
-
-def test_packed_collator_flattens_provenance_over_rows() -> None:
-    row0 = pack([doc([1, 2, 3], "wiki", 2), doc([4], "code", 0)], new_document=[False, True])
-    row1 = pack([doc([5, 6], "code", 1)])
-    batch = PackedCollator(pad_id=PAD)([row0, row1])
-    assert batch[PROVENANCE] == {
-        "source": ["wiki", "code", "code"],
-        "epoch": [2, 0, 1],
-        "tokens": [3, 1, 2],
-        "row": [0, 0, 1],
-        "new_document": [False, True, True],
-        "truncated_tokens": [0, 0, 0],
-        "dropped_before": [0, 0, 0],
-    }
-
 
 def test_padded_collator_carries_length_policy_counts_and_adds_its_own_cut() -> None:
     cut_by_stream = dict(doc([1, 2, 3], "wiki"), truncated_tokens=5, dropped_before=2)
@@ -498,53 +308,3 @@ def test_padded_collator_carries_length_policy_counts_and_adds_its_own_cut() -> 
     batch = PaddedCollator(pad_id=PAD, max_seq_len=4)([cut_by_stream, cut_here, doc([1], "wiki")])
     assert batch[PROVENANCE]["truncated_tokens"] == [5, 2, 0]
     assert batch[PROVENANCE]["dropped_before"] == [2, 0, 0]
-
-
-def test_packed_collator_carries_length_policy_counts_per_piece() -> None:
-    row0 = pack([doc([1, 2, 3], "wiki"), doc([4], "code")])
-    row0["provenance"][0].update(truncated_tokens=7)
-    row0["provenance"][1].update(dropped_before=3)
-    batch = PackedCollator(pad_id=PAD)([row0, pack([doc([5, 6], "code")])])
-    assert batch[PROVENANCE]["truncated_tokens"] == [7, 0, 0]
-    assert batch[PROVENANCE]["dropped_before"] == [0, 3, 0]
-
-
-def test_collators_reject_a_negative_truncation_count() -> None:
-    sample = dict(doc([1, 2]), truncated_tokens=-1)
-    with pytest.raises(ValueError, match="'truncated_tokens' must be a non-negative int"):
-        PaddedCollator(pad_id=PAD)([sample])
-
-
-def test_packed_collator_rejects_a_pack_longer_than_max_seq_len() -> None:
-    with pytest.raises(ValueError, match="longer than max_seq_len=4.*same max_seq_len"):
-        PackedCollator(pad_id=PAD, max_seq_len=4)([pack([doc([1, 2, 3]), doc([4, 5])])])
-
-
-def test_packed_collator_rejects_seq_lens_that_do_not_cover_the_pack() -> None:
-    sample = pack([doc([1, 2, 3]), doc([4, 5])])
-    sample["seq_lens"] = [3, 1]
-    with pytest.raises(ValueError, match="seq_lens=\\[3, 1\\] sum to 4, but the pack has 5 tokens"):
-        PackedCollator(pad_id=PAD)([sample])
-
-
-def test_packed_collator_rejects_provenance_not_matching_the_documents() -> None:
-    sample = pack([doc([1, 2, 3]), doc([4, 5])])
-    sample["provenance"] = sample["provenance"][:1]
-    with pytest.raises(ValueError, match="2 seq_lens but 1 provenance entries"):
-        PackedCollator(pad_id=PAD)([sample])
-    sample = pack([doc([1, 2, 3])])
-    del sample["provenance"][0]["new_document"]
-    with pytest.raises(ValueError, match="provenance entry without \\['new_document'\\]"):
-        PackedCollator(pad_id=PAD)([sample])
-
-
-def test_packed_collator_rejects_per_token_fields_of_different_lengths() -> None:
-    sample = pack([doc([1, 2, 3])])
-    sample["labels"] = sample["labels"][:2]
-    with pytest.raises(ValueError, match="field 'labels' has length 2 but input_ids has length 3"):
-        PackedCollator(pad_id=PAD)([sample])
-
-
-def test_packed_collator_given_document_samples_points_to_the_padded_collator() -> None:
-    with pytest.raises(ValueError, match="no 'labels' field.*PaddedCollator"):
-        PackedCollator(pad_id=PAD)([doc([1, 2, 3])])

@@ -44,6 +44,7 @@ from lightning_tune_data.loading.checkpoint import TrainResume, data_signature, 
 from lightning_tune_data.loading.loaders import LoaderOptions, MapStyleDocuments, build_train_loader
 from lightning_tune_data.loading.resumable_loader import ResumableLoader
 from lightning_tune_data.managers import DatasetManager
+from lightning_tune_data.packing import PackingName
 from lightning_tune_data.sources.base import TuneIterableDataset
 from lightning_tune_data.tokenizers import ByteTokenizer, Tokenizer
 
@@ -115,7 +116,7 @@ class TextDataModule(LightningDataModule):
         num_workers: int = 0,
         seed: int = 42,
         cache_dir: str | None = None,
-        packing: Literal["greedy", "best_fit", "concat"] | None = None,
+        packing: PackingName | None = None,
         packing_buffer_size: int = 64,
         overlong: OverlongPolicy = "truncate",
         multidataset_stopping_strategy: StoppingStrategy = "infinite",

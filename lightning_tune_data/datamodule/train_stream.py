@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_tune_data.managers import DatasetManager
 from lightning_tune_data.mixing.interleave import InterleavedDataset
-from lightning_tune_data.packing.packer import IterablePackedDataset
+from lightning_tune_data.packing import IterablePackedDataset, get_strategy
 from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.arrow import ArrowSource
 from lightning_tune_data.sources.base import TuneIterableDataset
@@ -39,7 +39,7 @@ def packing_splits_documents(packing: str | None) -> bool:
     Args:
         packing: the packing strategy's name, or ``None`` (no packing).
     """
-    return packing == "concat"
+    return packing is not None and get_strategy(packing).splits_documents
 
 
 def warn_overlong_documents(
@@ -147,12 +147,12 @@ class TrainStreamConfig:
             stream = sources[0]
         else:
             weights = [float(managers[source.dataset_name].weight) for source in sources]
-            stream = InterleavedDataset(sources, weights, seed=settings.seed, dataset_name=self.stream_name,
-                                        stopping_strategy=self.stopping_strategy, rank=settings.rank,
-                                        world_size=settings.world_size, mix_by=self.mix_by)
+            stream = InterleavedDataset(sources, weights, dataset_name=self.stream_name,
+                                        stopping_strategy=self.stopping_strategy, mix_by=self.mix_by,
+                                        settings=settings)
         if self.packing is not None:
             stream = IterablePackedDataset(stream, max_seq_len=self.max_seq_len, strategy=self.packing,
-                                           buffer_size=self.packing_buffer_size, overlong=settings.overlong)
+                                           buffer_size=self.packing_buffer_size, settings=settings)
         return stream
 
     def _source(self, name: str, manager: DatasetManager, data: Any, settings: StreamSettings) -> TuneIterableDataset:

@@ -14,7 +14,7 @@ from lightning_tune_data.cache.checksums import VERIFY_MODES
 from lightning_tune_data.datamodule.splits import SPLITS, named_managers
 from lightning_tune_data.keys import MIX_BY, OVERLONG_POLICIES, STOPPING_STRATEGIES
 from lightning_tune_data.managers import DatasetManager, UnconditionalGenerationDatasetManager
-from lightning_tune_data.packing.packer import PACKING_STRATEGIES
+from lightning_tune_data.packing import strategy_names
 
 __all__ = ["validated_managers"]
 
@@ -72,8 +72,8 @@ def validated_managers(
             _fail(field, f"{size} < 1", "Use a batch size of at least 1.")
     if num_workers < 0:
         _fail("num_workers", f"{num_workers} < 0", "Use 0 (main process) or more workers.")
-    if packing is not None and packing not in PACKING_STRATEGIES:
-        _fail("packing", f"unknown strategy {packing!r}", f"Use null or one of {list(PACKING_STRATEGIES)}.")
+    if packing is not None and packing not in strategy_names():
+        _fail("packing", f"unknown strategy {packing!r}", f"Use null or one of {list(strategy_names())}.")
     if stopping_strategy not in STOPPING_STRATEGIES:
         _fail("multidataset_stopping_strategy", f"unknown strategy {stopping_strategy!r}",
               f"Use one of {list(STOPPING_STRATEGIES)}.")

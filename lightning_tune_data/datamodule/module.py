@@ -210,7 +210,8 @@ class TextDataModule(LightningDataModule):
             self._overlong_checked = True  # one pass over the cached lengths, once per datamodule
             warn_overlong_documents(self._datasets["train"], self.max_seq_len, self.overlong, self.packing)
 
-    def _loaded(self, split: str, name: str) -> Any:
+    def dataset(self, split: str, name: str) -> Any:
+        """The set-up (memory-mapped) dataset of manager ``name`` of ``split``: after :meth:`setup`."""
         return loaded_dataset(self._datasets, split, name)
 
     def build_train_stream(self, rank: int = 0, world_size: int = 1) -> TuneIterableDataset:
@@ -223,7 +224,7 @@ class TextDataModule(LightningDataModule):
             seed=self.seed, max_seq_len=self.max_seq_len, overlong=self.overlong,
             stopping_strategy=self.stopping_strategy, mix_by=self.mix_by, stream_name=self.train_stream_name,
             packing=self.packing, packing_buffer_size=self.packing_buffer_size, num_workers=self.num_workers)
-        return config.build(self._managers("train"), partial(self._loaded, "train"), rank, world_size)
+        return config.build(self._managers("train"), partial(self.dataset, "train"), rank, world_size)
 
     def train_collator(self) -> PaddedCollator | PackedCollator:
         """The train batches' collator: packs stacked when packing, else one padded document per row."""
@@ -235,7 +236,7 @@ class TextDataModule(LightningDataModule):
         rank, world_size = current_rank_and_world_size()
         if self.train_mode == "map":
             name = next(iter(self._managers("train")))
-            dataset = MapStyleDocuments(self._loaded("train", name), name, self.max_seq_len)
+            dataset = MapStyleDocuments(self.dataset("train", name), name, self.max_seq_len)
         else:
             dataset = self.build_train_stream(rank, world_size)
         loader = build_train_loader(dataset, self.train_collator(), self.train_options, self.seed, rank, world_size,
@@ -248,7 +249,7 @@ class TextDataModule(LightningDataModule):
         return loader
 
     def _eval_loaders(self, split: str) -> list[torch.utils.data.DataLoader]:
-        return eval_loaders(self._managers(split), partial(self._loaded, split), tokenizer=self.tokenizer,
+        return eval_loaders(self._managers(split), partial(self.dataset, split), tokenizer=self.tokenizer,
                             cache_dir=self.cache_dir, max_seq_len=self.max_seq_len,
                             pad_to_multiple_of=self.pad_to_multiple_of, options=self.eval_options)
 

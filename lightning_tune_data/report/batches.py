@@ -126,7 +126,7 @@ def collect(datamodule: TextDataModule, batches: int, preview_rows: int = 3) -> 
                          datamodule.packing, datamodule.batch_size)
     for name in sources:
         try:
-            report.lengths[name] = document_lengths(datamodule._loaded("train", name))
+            report.lengths[name] = document_lengths(datamodule.dataset("train", name))
         except ValueError:  # a streaming source: no cached lengths
             report.lengths[name] = np.zeros(0, dtype=np.int64)
     aggregator = DatasetMetricsAggregator(targets, window=batches)

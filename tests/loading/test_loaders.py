@@ -38,7 +38,7 @@ def test_eval_rows_are_split_across_ranks_without_duplicates(corpus_dir, tmp_pat
     from lightning_tune_data.loading.loaders import EvalDocuments
 
     datamodule = ready(TextDataModule(dataset_managers=managers(corpus_dir), cache_dir=str(tmp_path)), "validate")
-    dataset = datamodule._loaded("val", "lm")
+    dataset = datamodule.dataset("val", "lm")
     shards = [list(EvalDocuments(dataset, "lm", rank, 3)) for rank in range(3)]
     sizes = [len(s) for s in shards]
     assert sum(sizes) == 13 and max(sizes) - min(sizes) <= 1

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_tune_data.sources.base import DROPPED_BEFORE, EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, TRUNCATED_TOKENS
+from lightning_tune_data.keys import DROPPED_BEFORE, EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, TRUNCATED_TOKENS
 from lightning_tune_data.packing.pieces import IGNORE_INDEX, document_labels
 
 __all__ = ["DROPPED_BEFORE", "EPOCH", "IGNORE_INDEX", "INPUT_IDS", "LOSS_MASK", "SOURCE", "TRUNCATED_TOKENS"]

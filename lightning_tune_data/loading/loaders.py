@@ -30,8 +30,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler, StatefulDistributedSampler
 
-from lightning_tune_data.sources.arrow import arrow_table, ListColumn
-from lightning_tune_data.sources.base import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE
+from lightning_tune_data.keys import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE
+from lightning_tune_data.sources.arrow_columns import ListColumn, arrow_table
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from lightning_tune_data.distributed import current_shard
-from lightning_tune_data.sources.base import INPUT_IDS, ElasticResumeUnsupported, TuneIterableDataset
+from lightning_tune_data.keys import INPUT_IDS
+from lightning_tune_data.sources.base import ElasticResumeUnsupported, TuneIterableDataset
 from lightning_tune_data.mixing.blocks import MixedBlock, MixedReader
 
 __all__ = ["InterleavedDataset", "interleave_datasets", "STOPPING_STRATEGIES", "MIX_BY"]

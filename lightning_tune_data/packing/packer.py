@@ -70,16 +70,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from lightning_tune_data.distributed import current_shard
-from lightning_tune_data.sources.base import (
-    DROPPED_BEFORE,
-    EPOCH,
-    INPUT_IDS,
-    LOSS_MASK,
-    SOURCE,
-    SOURCE_ROW,
-    TRUNCATED_TOKENS,
-    TuneIterableDataset,
-)
+from lightning_tune_data.keys import DROPPED_BEFORE, EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, SOURCE_ROW, TRUNCATED_TOKENS
+from lightning_tune_data.sources.base import TuneIterableDataset
 from lightning_tune_data.packing.pieces import (
     IGNORE_INDEX,
     INLINE,

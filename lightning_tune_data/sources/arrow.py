@@ -18,6 +18,13 @@ Rows are read as zero-copy NumPy views into the memory-mapped ``input_ids`` colu
 reads blocks of documents instead (:meth:`ArrowSource.read_block`): each document is then its
 row reference and the position of its first token in one flat view of the column's values, with
 no Python object per document until a batch is collated.
+
+The source is composed of one part per concern, each with its own state: the table's columns
+and the rows of a pass (:class:`~lightning_tune_data.sources.arrow_rows.ArrowRows`), the shard's
+position, counters and saved forms (:class:`~lightning_tune_data.sources.arrow_state.ArrowSourceState`),
+the length policy (:class:`~lightning_tune_data.sources.length_policy.LengthPolicy`) and the user's
+transforms (:class:`~lightning_tune_data.sources.sample_transforms.SampleTransforms`); iteration is
+:func:`~lightning_tune_data.sources.arrow_iteration.shard_documents`.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from lightning_tune_data.distributed import ShardInfo, current_shard
-from lightning_tune_data.keys import INPUT_IDS, OVERLONG_POLICIES
+from lightning_tune_data.keys import INPUT_IDS, OVERLONG_POLICIES, OverlongPolicy
 from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.arrow_iteration import ROWS_PER_STEP, shard_documents
 from lightning_tune_data.sources.arrow_rows import ArrowRows
@@ -101,7 +108,7 @@ class ArrowSource(TuneIterableDataset):
         filter_kwargs: dict[str, Any] | None = None,
         max_error_count: int = 0,
         max_seq_len: int | None = None,
-        overlong: str = "truncate",
+        overlong: OverlongPolicy = "truncate",
         settings: StreamSettings | None = None,
     ) -> None:
         if overlong not in OVERLONG_POLICIES:

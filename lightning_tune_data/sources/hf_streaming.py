@@ -80,6 +80,14 @@ exponential backoff (``retry_backoff_s``, doubled each time, at most 60 s) and w
 ``retry_timeout_s`` seconds from the first failure; then it raises an error naming the source
 and its data files/URLs. A server that stops answering is a failure once the manager's
 ``read_timeout_s`` passes without data. Rows are neither lost nor repeated by a retry.
+
+Parts
+-----
+The source composes the shard's reading of the stream
+(:class:`~lightning_tune_data.sources.stream_reader.StreamReader`, with
+:func:`~lightning_tune_data.sources.stream_reader.row_document`), the shuffle buffer
+(:class:`~lightning_tune_data.sources.shuffle_buffer.ShuffleBuffer`) and the retry policy
+(:class:`~lightning_tune_data.sources.retries.RetryPolicy`).
 """
 
 from __future__ import annotations
@@ -90,7 +98,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from lightning_tune_data.distributed import current_shard
-from lightning_tune_data.keys import EPOCH, INPUT_IDS, LOSS_MASK, OVERLONG_POLICIES, SOURCE
+from lightning_tune_data.keys import EPOCH, INPUT_IDS, LOSS_MASK, OVERLONG_POLICIES, SOURCE, OverlongPolicy
 from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.base import TuneIterableDataset
 from lightning_tune_data.sources.error_budget import ErrorBudget
@@ -168,7 +176,7 @@ class HFStreamingSource(TuneIterableDataset):
         num_passes: int | None = None,
         max_error_count: int = 0,
         max_seq_len: int | None = None,
-        overlong: str = "truncate",
+        overlong: OverlongPolicy = "truncate",
         max_retries: int = 3,
         retry_backoff_s: float = 1.0,
         retry_timeout_s: float = 300.0,

@@ -281,8 +281,8 @@ class HFStreamingSource(TuneIterableDataset):
             fresh_pass = stream.position == 0 and not stream.stream_done and not buffer.documents
             yielded = 0
             if not stream.stream_done:
-                for index, row in stream.rows(shard, self._epoch):
-                    document = self._read(row, index)
+                for stream_row, row in stream.rows(shard, self._epoch):
+                    document = self._read(row, stream_row)
                     if document is None:
                         continue
                     if len(buffer.documents) < buffer.size:

@@ -27,7 +27,7 @@ from torchdata.stateful_dataloader.sampler import RandomSampler, StatefulDistrib
 
 from lightning_tune_data.keys import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE
 from lightning_tune_data.loading.resumable_loader import ResumableLoader
-from lightning_tune_data.sources.arrow import arrow_table, ListColumn
+from lightning_tune_data.sources.arrow_columns import ListColumn, arrow_table
 
 
 @dataclass(frozen=True)

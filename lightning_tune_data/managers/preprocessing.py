@@ -30,7 +30,7 @@ from lightning_tune_data.managers.preprocess_runner import (
     PreprocessRunner,
     drop_failed_rows,
 )
-from lightning_tune_data.sources.hf_streaming import without_datasets_read_retries
+from lightning_tune_data.sources.retries import without_datasets_read_retries
 from lightning_tune_data.tokenizers import Tokenizer
 
 __all__ = ["Preprocessing"]

@@ -12,7 +12,8 @@ A stream is an *infinite*, *stateful* ``torch.utils.data.IterableDataset``:
   return fresh containers: the caller may keep them while iteration continues.
 * ``load_state_dict(state)`` takes exactly what ``state_dict()`` returned.
 
-Samples are dicts. A *document* sample (what sources and the interleaver yield) has:
+Samples are dicts. A *document* sample (what sources and the interleaver yield) has these keys
+(their names are defined in :mod:`lightning_tune_data.keys`):
 
 * ``input_ids``: 1-D ``np.ndarray`` of token ids (BOS/EOS already added by preprocessing);
 * ``loss_mask`` (optional): 1-D bool ``np.ndarray``, ``True`` where the token is a training
@@ -25,7 +26,8 @@ Samples are dicts. A *document* sample (what sources and the interleaver yield) 
 * ``dropped_before`` (optional, default 0): overlong documents of the same source that this
   shard dropped (``overlong="drop"``) since its previous yielded document.
 
-Packed samples (what ``IterablePackedDataset`` yields) are described in ``streams/packing.py``.
+Packed samples (what ``IterablePackedDataset`` yields) are described in
+:mod:`lightning_tune_data.packing.packer`.
 """
 
 from __future__ import annotations
@@ -35,15 +37,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import IterableDataset
-
-#: Keys of a document sample.
-INPUT_IDS = "input_ids"
-LOSS_MASK = "loss_mask"
-SOURCE = "source"
-EPOCH = "epoch"
-SOURCE_ROW = "source_row"
-TRUNCATED_TOKENS = "truncated_tokens"
-DROPPED_BEFORE = "dropped_before"
 
 
 class ElasticResumeUnsupported(ValueError):

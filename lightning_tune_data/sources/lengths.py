@@ -15,13 +15,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from lightning_tune_data.keys import INPUT_IDS, OverlongPolicy
+
 __all__ = ["OverlongSummary", "document_lengths", "overlong_summary", "overlong_warnings"]
 
 #: Share of a source's documents above which ``setup`` warns.
 OVERLONG_WARNING_SHARE = 0.01
 
 
-def document_lengths(dataset: Any, column: str = "input_ids") -> np.ndarray:
+def document_lengths(dataset: Any, column: str = INPUT_IDS) -> np.ndarray:
     """Token count of every document of a cached ``datasets.Dataset``, in row order.
 
     Args:
@@ -64,16 +66,23 @@ class OverlongSummary:
 
     @property
     def share(self) -> float:
+        """The overlong documents' share of all documents (0 for an empty source)."""
         return self.overlong / self.documents if self.documents else 0.0
 
 
 def overlong_summary(source: str, dataset: Any, max_seq_len: int) -> OverlongSummary:
-    """Count the documents of ``dataset`` longer than ``max_seq_len`` (from the offsets only)."""
+    """Count the documents of ``dataset`` longer than ``max_seq_len`` (from the offsets only).
+
+    Args:
+        source: the source's name (kept in the summary).
+        dataset: a cached ``datasets.Dataset``.
+        max_seq_len: the length limit.
+    """
     lengths = document_lengths(dataset)
     return OverlongSummary(source, int(lengths.size), int((lengths > max_seq_len).sum()), int(max_seq_len))
 
 
-def overlong_warnings(datasets: Mapping[str, Any], max_seq_len: int, overlong: str,
+def overlong_warnings(datasets: Mapping[str, Any], max_seq_len: int, overlong: OverlongPolicy,
                       threshold: float = OVERLONG_WARNING_SHARE) -> list[str]:
     """One warning line per source where more than ``threshold`` of the documents exceed ``max_seq_len``.
 

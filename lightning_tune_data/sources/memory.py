@@ -15,15 +15,20 @@ from typing import Any
 import numpy as np
 
 from lightning_tune_data.distributed import current_shard
-from lightning_tune_data.sources.base import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, SOURCE_ROW, TuneIterableDataset
+from lightning_tune_data.keys import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, SOURCE_ROW
+from lightning_tune_data.settings import StreamSettings
+from lightning_tune_data.sources.base import TuneIterableDataset
 from lightning_tune_data.sources.pass_order import ShardPasses, merge_remaining, split_remaining
 from lightning_tune_data.sources.permutation import KeyedPermutation, permutation_key
 from lightning_tune_data.sources.source_state import shard_mismatch_error
-
-_WALK = "walk"
-_BLOCK = 512
+from lightning_tune_data.sources.stream_arguments import settings_property, stream_settings
 
 __all__ = ["InMemoryStream"]
+
+# State key.
+_WALK = "walk"
+#: Positions mapped to documents per permutation call.
+_BLOCK = 512
 
 
 def _to_document(item: Any, index: int, dataset_name: str) -> dict[str, Any]:
@@ -76,7 +81,7 @@ class InMemoryStream(TuneIterableDataset):
     rank yields the same number of documents per pass (a rank can never run dry before the
     others). Up to ``S - 1`` documents per pass are left out; which ones changes every pass.
 
-    Samples are document samples (see ``streams/base.py``): ``input_ids`` (``np.int64``),
+    Samples are document samples (see :mod:`lightning_tune_data.sources.base`): ``input_ids`` (``np.int64``),
     ``loss_mask`` (when the input had one), ``source`` (= ``dataset_name``), ``epoch`` (= pass),
     ``source_row`` (the index in ``data``), plus any other keys of an input document dict.
     Empty documents are skipped; a shard whose pass holds only empty documents is an error.
@@ -93,7 +98,13 @@ class InMemoryStream(TuneIterableDataset):
         num_passes: number of passes before the stream ends; ``None`` (default) = infinite.
         rank: this process's rank (capture it in the main process).
         world_size: number of ranks.
+        settings: the run's settings, instead of ``seed``, ``num_passes``, ``rank`` and
+            ``world_size`` (which then keep their defaults). Its ``max_seq_len`` and ``overlong``
+            do not apply here: the packer or the collator fits documents to the sequence length.
     """
+
+    rank = settings_property("rank")
+    world_size = settings_property("world_size")
 
     def __init__(
         self,
@@ -104,6 +115,7 @@ class InMemoryStream(TuneIterableDataset):
         num_passes: int | None = None,
         rank: int = 0,
         world_size: int = 1,
+        settings: StreamSettings | None = None,
     ) -> None:
         if not isinstance(dataset_name, str) or not dataset_name:
             raise ValueError(f"dataset_name must be a non-empty string, got {dataset_name!r}.")
@@ -119,27 +131,18 @@ class InMemoryStream(TuneIterableDataset):
             )
         if len(data) == 0:
             raise ValueError(f"Stream '{dataset_name}' was given no documents; pass a non-empty list.")
+        self.settings = stream_settings(settings, dataset_name, seed=int(seed), num_passes=num_passes, rank=rank,
+                                        world_size=world_size)
         self._dataset_name = dataset_name
         self._docs = [_to_document(item, i, dataset_name) for i, item in enumerate(data)]
-        self._seed = int(seed) % 2**64
         self._shuffle = bool(shuffle)
-        self._num_passes = num_passes
-        self._rank = rank
-        self._world_size = world_size
         self._walk: ShardPasses | None = None
         self._remaining: list[dict[str, Any]] | None = None
 
     @property
     def dataset_name(self) -> str:
+        """The stream's name (the ``source`` of its samples)."""
         return self._dataset_name
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size
 
     def __len__(self) -> int:
         """Number of documents held (all shards together)."""
@@ -152,7 +155,8 @@ class InMemoryStream(TuneIterableDataset):
         return walk.epoch + int(walk.plan.done)
 
     def _key_permutation(self, pass_index: int) -> KeyedPermutation:
-        return KeyedPermutation(len(self._docs), permutation_key(self._seed, self._dataset_name, pass_index), self._shuffle)
+        key = permutation_key(self.settings.seed % 2**64, self._dataset_name, pass_index)
+        return KeyedPermutation(len(self._docs), key, self._shuffle)
 
     def permutation(self, pass_index: int) -> np.ndarray:
         """Order of all documents in pass ``pass_index`` (before sharding); pure in ``(seed, name, pass)``.
@@ -163,7 +167,7 @@ class InMemoryStream(TuneIterableDataset):
         return self._key_permutation(pass_index)(np.arange(len(self._docs)))
 
     def _shard_walk(self) -> ShardPasses:
-        shard = current_shard(self._rank, self._world_size)
+        shard = current_shard(self.settings.rank, self.settings.world_size)
         if self._remaining is not None:
             remaining, self._remaining = self._remaining, None
             self._walk = split_remaining(remaining, len(self._docs), shard.num_shards, shard.shard_id)
@@ -174,7 +178,7 @@ class InMemoryStream(TuneIterableDataset):
         return self._walk
 
     def _finished(self, walk: ShardPasses) -> bool:
-        return self._num_passes is not None and walk.epoch >= self._num_passes
+        return self.settings.num_passes is not None and walk.epoch >= self.settings.num_passes
 
     def _sample(self, index: int, epoch: int) -> dict[str, Any]:
         doc = self._docs[index]
@@ -189,7 +193,7 @@ class InMemoryStream(TuneIterableDataset):
         return self._sample(int(row), int(epoch)) if source == self._dataset_name else None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        shard = current_shard(self._rank, self._world_size)
+        shard = current_shard(self.settings.rank, self.settings.world_size)
         if len(self._docs) // shard.num_shards == 0:
             raise ValueError(
                 f"Stream '{self._dataset_name}' has {len(self._docs)} documents but "
@@ -222,6 +226,7 @@ class InMemoryStream(TuneIterableDataset):
                 )
 
     def state_dict(self) -> dict[str, Any]:
+        """``{name: {"walk": ...}}``: this shard's position in its passes."""
         return {self._dataset_name: {_WALK: self._shard_walk().state_dict()}}
 
     def _check_count(self, walk_state: dict[str, Any]) -> None:
@@ -234,20 +239,23 @@ class InMemoryStream(TuneIterableDataset):
             )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict` result of this shard."""
         own = self._own_state(state_dict)
         self._check_count(own[_WALK])
         walk = ShardPasses.from_state(own[_WALK])
-        shard = current_shard(self._rank, self._world_size)
+        shard = current_shard(self.settings.rank, self.settings.world_size)
         if (walk.num_shards, walk.shard_id) != (shard.num_shards, shard.shard_id):
             raise shard_mismatch_error(self._dataset_name, walk.shard_id, walk.num_shards, shard)
         self._walk, self._remaining = walk, None
 
     def merge_shard_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        """What every shard of an old layout left unread, from all their states."""
         owns = [self._own_state(s)[_WALK] for s in states]
         for own in owns:
             self._check_count(own)
         return {self._dataset_name: merge_remaining(owns, self._dataset_name)}
 
     def load_global_state(self, global_state: dict[str, Any]) -> None:
+        """Continue from a :meth:`merge_shard_states` result; this shard takes its share on first use."""
         self._remaining = self._own_state(global_state)
         self._walk = None

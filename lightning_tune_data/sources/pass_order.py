@@ -32,7 +32,7 @@ import numpy as np
 __all__ = ["PassPlan", "ShardPasses", "merge_remaining", "split_remaining"]
 
 # State keys.
-EPOCH = "epoch"
+PASS_EPOCH = "epoch"
 HOLES = "holes"
 BASE = "base"
 STRIDE = "stride"
@@ -66,18 +66,22 @@ class PassPlan:
 
     @property
     def tail_length(self) -> int:
+        """Positions of the strided tail (after the holes)."""
         first = self.base + self.offset
         return 0 if first >= self.end else (self.end - first + self.stride - 1) // self.stride
 
     def __len__(self) -> int:
+        """Positions of the whole plan: holes and tail."""
         return len(self.holes) + self.tail_length
 
     @property
     def taken(self) -> int:
+        """Positions visited so far."""
         return self.holes_taken + self.tail_taken
 
     @property
     def done(self) -> bool:
+        """Whether every position of the plan was visited."""
         return self.taken >= len(self)
 
     @property
@@ -100,16 +104,18 @@ class PassPlan:
         self.tail_taken += count - from_holes
 
     def remaining_holes(self) -> list[int]:
+        """The holes not visited yet, in order."""
         return self.holes[self.holes_taken :]
 
     def state_dict(self) -> dict[str, Any]:
+        """The plan now, as plain ints and lists."""
         return self.state_at(self.holes_taken, self.tail_taken)
 
     def state_at(self, holes_taken: int, tail_taken: int) -> dict[str, Any]:
         """The state of this plan when it had visited ``holes_taken`` holes and ``tail_taken`` tail
         positions (a plan only ever advances those two counts)."""
         return {
-            EPOCH: self.epoch,
+            PASS_EPOCH: self.epoch,
             HOLES: self.holes[holes_taken:],
             BASE: self.base,
             STRIDE: self.stride,
@@ -120,8 +126,9 @@ class PassPlan:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> PassPlan:
+        """The plan a :meth:`state_dict` result describes (the holes visited are gone from it)."""
         return cls(
-            epoch=int(state[EPOCH]),
+            epoch=int(state[PASS_EPOCH]),
             base=int(state[BASE]),
             stride=int(state[STRIDE]),
             offset=int(state[OFFSET]),
@@ -152,6 +159,7 @@ class ShardPasses:
 
     @property
     def epoch(self) -> int:
+        """The pass being walked."""
         return self.plan.epoch
 
     def next_pass(self) -> None:
@@ -163,6 +171,7 @@ class ShardPasses:
             self.plan = PassPlan.fresh(following, self.num_items, self.num_shards, self.shard_id)
 
     def state_dict(self) -> dict[str, Any]:
+        """The walk now: the layout, the current plan and the queued ones."""
         return self.snapshot()()
 
     def snapshot(self) -> Callable[[], dict[str, Any]]:
@@ -196,6 +205,7 @@ class ShardPasses:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> ShardPasses:
+        """The walk a :meth:`state_dict` result describes."""
         plans = [PassPlan.from_state(state[PLAN])] + [PassPlan.from_state(p) for p in state.get(PENDING, [])]
         return cls(int(state[NUM_ITEMS]), int(state[NUM_SHARDS]), int(state[SHARD_ID]), plans)
 
@@ -253,7 +263,7 @@ def merge_remaining(states: list[dict[str, Any]], source: str = "source") -> lis
         for shard_id, count in enumerate(taken):
             positions = base + shard_id + stride * np.arange(count, most, dtype=np.int64)
             holes.extend(positions[positions < end].tolist())
-        remaining.append({EPOCH: epoch, HOLES: sorted(holes), BASE: min(base + stride * most, end), END: end})
+        remaining.append({PASS_EPOCH: epoch, HOLES: sorted(holes), BASE: min(base + stride * most, end), END: end})
     return remaining
 
 
@@ -261,7 +271,7 @@ def split_remaining(remaining: list[dict[str, Any]], num_items: int, num_shards:
     """Shard ``shard_id`` of ``num_shards``'s walk over the remaining passes, then fresh passes."""
     plans = [
         PassPlan(
-            epoch=int(entry[EPOCH]),
+            epoch=int(entry[PASS_EPOCH]),
             base=int(entry[BASE]),
             stride=num_shards,
             offset=shard_id,

@@ -11,6 +11,10 @@ function) over the smallest even-bit domain ``2**(2h) >= n``, restricted to ``[0
 cycle-walking: a value that lands outside is encrypted again until it lands inside, which keeps
 the map a bijection on ``[0, n)``. With six rounds neighbouring positions map to unrelated rows,
 as in a true random permutation (no block structure).
+
+Keys are stable across processes and runs (Python's ``hash`` is salted per process):
+:func:`permutation_key` keys a permutation, :func:`name_key` turns a source name into an integer
+to seed a generator with.
 """
 
 from __future__ import annotations
@@ -19,16 +23,30 @@ import hashlib
 
 import numpy as np
 
-__all__ = ["KeyedPermutation", "permutation_key"]
+__all__ = ["KeyedPermutation", "name_key", "permutation_key"]
 
 _ROUNDS = 6
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def permutation_key(*parts: int | str) -> int:
-    """A stable 64-bit key from ints and strings (Python's ``hash`` is salted per process)."""
+    """A stable 64-bit key from ints and strings (Python's ``hash`` is salted per process).
+
+    Args:
+        parts: what the key depends on (e.g. seed, source name and pass).
+    """
     text = "\x1f".join(str(part) for part in parts).encode("utf-8")
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+def name_key(name: str) -> int:
+    """A stable 32-bit integer for a source name, to seed a generator with (Python's ``hash`` is
+    salted per process).
+
+    Args:
+        name: the source's name.
+    """
+    return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:4], "little")
 
 
 _MIX_STEPS = ((np.uint64(30), np.uint64(0xBF58476D1CE4E5B9)), (np.uint64(27), np.uint64(0x94D049BB133111EB)),

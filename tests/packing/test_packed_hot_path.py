@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from lightning_tune_data.collate import PackedCollator
-from lightning_tune_data.sources.arrow import ArrowSource, ListColumn
+from lightning_tune_data.sources.arrow import ArrowSource
+from lightning_tune_data.sources.arrow_columns import ListColumn
 from lightning_tune_data.mixing.interleave import InterleavedDataset
 from lightning_tune_data.sources.memory import InMemoryStream
 from lightning_tune_data.packing import progress as packing_progress
@@ -166,7 +167,7 @@ def test_read_block_yields_the_documents_iteration_yields_and_advances_the_same_
             document = next(it)
             assert document["source_row"] == row and document.get("truncated_tokens", 0) == truncated
             np.testing.assert_array_equal(document["input_ids"], ids)
-            assert np.shares_memory(ids, blocks._input_ids.rows(np.array([row]))[0])  # zero-copy views
+            assert np.shares_memory(ids, blocks._rows.input_ids.rows(np.array([row]))[0])  # zero-copy views
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -25,6 +25,7 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.hf_streaming import HFStreamingSource
 
 NUM_ROWS = 200
@@ -389,3 +390,27 @@ def test_resume_with_another_layout_is_refused_naming_the_way_out(make_source) -
     take(iter(source), 5)
     with pytest.raises(ElasticResumeUnsupported, match="resume_data_state: false"):
         make_source().merge_shard_states([source.state_dict()])
+
+
+# -- run-wide settings ---------------------------------------------------------------------
+
+
+def test_settings_give_bitwise_the_same_samples_and_state_as_the_keywords(make_stream) -> None:
+    options = dict(seed=3, rank=1, world_size=2, num_passes=2, max_seq_len=20, overlong="drop")
+    by_keywords = HFStreamingSource(make_stream(), "web", shuffle_buffer_size=16, **options)
+    by_settings = HFStreamingSource(make_stream(), "web", shuffle_buffer_size=16, settings=StreamSettings(**options))
+
+    assert by_settings.settings == by_keywords.settings == StreamSettings(**options)
+    assert [fingerprint(s) for s in by_settings] == [fingerprint(s) for s in by_keywords]
+    assert by_settings.state_dict() == by_keywords.state_dict()
+    assert (by_settings.seed, by_settings.num_passes, by_settings.max_seq_len, by_settings.overlong) == (3, 2, 20, "drop")
+    assert (by_settings.shuffle_buffer_size, by_settings.max_retries, by_settings.retry_backoff_s) == (16, 3, 1.0)
+
+
+def test_settings_are_checked_like_the_keywords_and_not_given_twice(make_stream) -> None:
+    with pytest.raises(ValueError, match="Source 'web': seed must be >= 0, got -1"):
+        HFStreamingSource(make_stream(), "web", settings=StreamSettings(seed=-1))
+    with pytest.raises(ValueError, match="Source 'web': max_seq_len must be >= 1 or None, got 0"):
+        HFStreamingSource(make_stream(), "web", settings=StreamSettings(max_seq_len=0))
+    with pytest.raises(ValueError, match="Source 'web': num_passes given both"):
+        HFStreamingSource(make_stream(), "web", num_passes=1, settings=StreamSettings(num_passes=1))

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.memory import InMemoryStream
 
 
@@ -221,3 +222,16 @@ def test_empty_documents_are_skipped_and_an_all_empty_shard_is_an_error():
     assert [next(iterator)["input_ids"].tolist() for _ in range(4)] == [[1], [2, 2], [1], [2, 2]]
     with pytest.raises(RuntimeError, match="Stream 'blank'.*shard 0 of 1.*all empty"):
         next(iter(InMemoryStream([[], []], "blank")))
+
+
+def test_settings_give_the_same_samples_and_state_as_the_keywords():
+    options = dict(seed=-5, num_passes=2, rank=1, world_size=2)
+    by_keywords = InMemoryStream(_docs(23), "d", **options)
+    by_settings = InMemoryStream(_docs(23), "d", settings=StreamSettings(**options))
+    got, want = list(by_settings), list(by_keywords)
+    assert [(s["source_row"], s["epoch"], s["input_ids"].tolist()) for s in got] == [
+        (s["source_row"], s["epoch"], s["input_ids"].tolist()) for s in want]
+    assert by_settings.state_dict() == by_keywords.state_dict()
+    assert (by_settings.rank, by_settings.world_size) == (1, 2)
+    with pytest.raises(ValueError, match="Source 'd': seed given both"):
+        InMemoryStream(_docs(3), "d", seed=1, settings=StreamSettings(seed=1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lightning_tune_data.sources.permutation import KeyedPermutation, permutation_key
+from lightning_tune_data.sources.permutation import KeyedPermutation, name_key, permutation_key
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 16, 17, 63, 64, 65, 1000, 4097, 65_537])
@@ -52,3 +52,10 @@ def test_windows_of_consecutive_outputs_are_spread_over_the_whole_source():
 
 def test_shuffle_false_is_the_identity():
     assert KeyedPermutation(10, 123, shuffle=False)(np.arange(10)).tolist() == list(range(10))
+
+
+def test_keys_are_pinned_values_so_orders_and_draws_survive_processes_and_versions():
+    # Saved states describe positions in these orders: a key that changed would resume other rows.
+    assert permutation_key(7, "web", 0) == 5448896274540779035 != permutation_key(7, "web", 1)
+    assert name_key("web") == 4132920907 != name_key("code")
+    assert 0 <= name_key("a rather long source name") < 2**32

@@ -25,7 +25,6 @@ __all__ = [
     "TrainStreamConfig",
     "normalised_weights",
     "packing_splits_documents",
-    "source_arguments",
     "warn_overlong_documents",
 ]
 
@@ -70,22 +69,6 @@ def normalised_weights(managers: Mapping[str, DatasetManager]) -> dict[str, floa
     weights = {name: float(manager.weight) for name, manager in managers.items()}
     total = sum(weights.values())
     return {name: weight / total for name, weight in weights.items()}
-
-
-def source_arguments(settings: StreamSettings) -> dict[str, Any]:
-    """The keyword arguments a source takes for the run-wide ``settings``.
-
-    Args:
-        settings: the rank's settings (:meth:`TrainStreamConfig.settings`).
-    """
-    return {
-        "seed": settings.seed,
-        "rank": settings.rank,
-        "world_size": settings.world_size,
-        "num_passes": settings.num_passes,
-        "max_seq_len": settings.max_seq_len,
-        "overlong": settings.overlong,
-    }
 
 
 @dataclass(frozen=True)
@@ -160,7 +143,7 @@ class TrainStreamConfig:
             from lightning_tune_data.sources.hf_streaming import HFStreamingSource
 
             return HFStreamingSource(data, dataset_name=name, shuffle=manager.shuffle,
-                                     max_error_count=manager.max_error_count, **source_arguments(settings),
+                                     max_error_count=manager.max_error_count, settings=settings,
                                      **manager.stream_options())
         shards = settings.world_size * max(1, self.num_workers)
         if 0 < len(data) < shards:  # fail before any dataloader worker starts (0 rows: ArrowSource says so)
@@ -170,4 +153,4 @@ class TrainStreamConfig:
                 "num_workers or add data."
             )
         return ArrowSource(data, dataset_name=name, shuffle=manager.shuffle, max_error_count=manager.max_error_count,
-                           **source_arguments(settings), **manager.stream_transforms())
+                           settings=settings, **manager.stream_transforms())

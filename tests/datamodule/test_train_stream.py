@@ -17,7 +17,6 @@ from lightning_tune_data.datamodule.train_stream import (
     TrainStreamConfig,
     normalised_weights,
     packing_splits_documents,
-    source_arguments,
     warn_overlong_documents,
 )
 from lightning_tune_data.mixing.interleave import InterleavedDataset
@@ -54,9 +53,14 @@ def test_a_ranks_settings_come_from_the_config():
     assert replace(CONFIG, packing="best_fit").settings().max_seq_len == 16
 
 
-def test_source_arguments_are_the_settings_fields():
-    settings = CONFIG.settings(1, 4)
-    assert source_arguments(settings) == asdict(settings)
+def test_the_sources_the_mixer_and_the_packer_share_one_settings_object(corpus_dir):
+    packed = replace(CONFIG, packing="best_fit").build(train_managers(corpus_dir), DATA.__getitem__, rank=1, world_size=2)
+    mixer = packed.dataset
+    assert isinstance(packed, IterablePackedDataset) and isinstance(mixer, InterleavedDataset)
+    shared = mixer.settings
+    assert shared == CONFIG.settings(1, 2)
+    assert all(source.settings is shared for source in mixer.datasets)
+    assert packed.state_dict()[packed.dataset_name]["max_seq_len"] == shared.max_seq_len == 16
 
 
 def test_every_source_and_the_mixer_take_the_one_settings_objects_values(corpus_dir):

@@ -16,7 +16,7 @@ from lightning_tune_data.packing.packer import IterablePackedDataset
 from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.arrow import ArrowSource
 
-from .tables import described, gappy_table, rows_of, table, take
+from source_tables import described, gappy_table, rows_of, table, take
 
 
 def test_each_pass_visits_every_row_once_in_a_new_order():

@@ -11,7 +11,7 @@ import pytest
 import lightning_tune_data.sources.arrow_columns as arrow_columns
 from lightning_tune_data.sources.arrow_columns import FlatColumn, ListColumn, arrow_table
 
-from .tables import table
+from source_tables import table
 
 
 def test_arrow_table_is_the_table_behind_a_dataset_with_a_selection_applied():

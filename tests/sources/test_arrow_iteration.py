@@ -17,7 +17,7 @@ from lightning_tune_data.sources.length_policy import LengthPolicy
 from lightning_tune_data.sources.sample_transforms import SampleTransforms
 from lightning_tune_data.sources.source_state import SourceCounters
 
-from .tables import described, gappy_table, table, take
+from source_tables import described, gappy_table, table, take
 
 
 def parts(data, settings: StreamSettings, shuffle: bool = False):

@@ -13,7 +13,7 @@ from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.arrow_rows import ArrowRows
 from lightning_tune_data.sources.pass_order import PassPlan
 
-from .tables import table
+from source_tables import table
 
 
 def pass_rows(rows: ArrowRows, epoch: int) -> list[int]:

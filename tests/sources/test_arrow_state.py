@@ -14,7 +14,7 @@ from lightning_tune_data.sources.arrow import ArrowSource
 from lightning_tune_data.sources.arrow_state import ArrowSourceState
 from lightning_tune_data.sources.source_state import SourceCounters
 
-from .tables import described, gappy_table, table, take
+from source_tables import described, gappy_table, table, take
 
 
 def state_of(num_rows: int = 20, **settings) -> ArrowSourceState:

@@ -9,7 +9,7 @@ from lightning_tune_data.sources.arrow import ArrowSource
 from lightning_tune_data.sources.arrow_columns import ListColumn
 from lightning_tune_data.sources.document_block import DocumentBlock
 
-from .tables import gappy_table, table
+from source_tables import gappy_table, table
 
 
 def test_references_are_the_packers_piece_tuples_in_document_order():

@@ -8,7 +8,7 @@ from lightning_tune_data.sources.arrow import ArrowSource
 from lightning_tune_data.sources.sample_transforms import SampleTransforms
 from lightning_tune_data.sources.source_state import SourceCounters
 
-from .tables import rows_of, table, take
+from source_tables import rows_of, table, take
 
 
 def transforms(*callables, filter_fn=None, filter_kwargs=None, max_error_count: int = 0) -> SampleTransforms:

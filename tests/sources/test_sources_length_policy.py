@@ -11,7 +11,7 @@ from lightning_tune_data.sources.arrow_columns import ListColumn
 from lightning_tune_data.sources.length_policy import LengthPolicy
 from lightning_tune_data.sources.source_state import SourceCounters
 
-from .tables import gappy_table, table, take
+from source_tables import gappy_table, table, take
 
 
 def policy(max_seq_len: int | None = 3, overlong: str = "truncate") -> LengthPolicy:

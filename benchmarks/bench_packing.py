@@ -7,7 +7,7 @@ Uses that script's ``measure()`` (one shuffled pass of ``--packing-docs`` docume
 Figure: non-padding share (tokens in packs / (packs x 2048)). Baseline: no packing, i.e. the
 same documents in the same shuffled order, batches of 16 padded to their longest document
 (truncated at 2048), as the ``PaddedCollator`` would. The ``best_fit`` log-normal row is checked
-against the figure ``streams/packing.py`` documents (>= 99 %). The script itself still runs alone:
+against the figure ``packing/strategies/best_fit.py`` documents (>= 99 %). The script itself still runs alone:
 ``python benchmarks/packing_efficiency.py``.
 """
 

@@ -25,7 +25,26 @@ from lightning_tune_data.managers.source_cache import SourceCache
 from lightning_tune_data.tokenizers import Tokenizer
 from lightning_tune_data.version import __version__
 
-__all__ = ["SourceManager"]
+__all__ = ["SourceManager", "option_attribute"]
+
+
+def option_attribute(field: str, doc: str) -> property:
+    """A manager attribute that reads and writes ``field`` of its frozen ``options``.
+
+    Setting it replaces the options object with a copy, so options shared elsewhere never change.
+
+    Args:
+        field: the :class:`SourceOptions` field.
+        doc: the attribute's docstring.
+    """
+
+    def read(manager: SourceManager) -> Any:
+        return getattr(manager.options, field)
+
+    def write(manager: SourceManager, value: Any) -> None:
+        manager.options = dataclasses.replace(manager.options, **{field: value})
+
+    return property(read, write, doc=doc)
 
 
 class SourceManager(ABC):
@@ -47,34 +66,12 @@ class SourceManager(ABC):
 
     # ------------------------------------------------------------------ options the datamodule reads
 
-    @property
-    def weight(self) -> float:
-        """Relative sampling weight among the train sources (the datamodule checks it)."""
-        return self.options.weight
-
-    @weight.setter
-    def weight(self, value: float) -> None:
-        self.options = dataclasses.replace(self.options, weight=value)
-
-    @property
-    def stages(self) -> list[str]:
-        """Trainer stages this source is used in."""
-        return self.options.stages
-
-    @property
-    def streaming(self) -> bool:
-        """Whether the source is streamed and tokenized lazily (no cache)."""
-        return self.options.streaming
-
-    @property
-    def shuffle(self) -> bool:
-        """Whether the training stream shuffles this source."""
-        return self.options.shuffle
-
-    @property
-    def max_error_count(self) -> int:
-        """Failing rows or samples that may be skipped (and counted) before raising."""
-        return self.options.max_error_count
+    weight = option_attribute("weight", "Relative sampling weight among the train sources (the datamodule checks it).")
+    stages = option_attribute("stages", "Trainer stages this source is used in.")
+    streaming = option_attribute("streaming", "Whether the source is streamed and tokenized lazily (no cache).")
+    shuffle = option_attribute("shuffle", "Whether the training stream shuffles this source.")
+    max_error_count = option_attribute(
+        "max_error_count", "Failing rows or samples that may be skipped (and counted) before raising.")
 
     def stream_options(self) -> dict[str, float]:
         """Retry bounds a streaming source reads with (``HFStreamingSource`` keyword arguments)."""

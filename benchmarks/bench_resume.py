@@ -40,6 +40,8 @@ import numpy as np
 
 from common import Result, log, make_datamodule, median, now
 
+from lightning_tune_data.mixing.interleave import InterleavedDataset
+
 CONFIGS = [
     ("unpacked", False, None, 16),
     ("interleaved", True, None, 16),
@@ -70,9 +72,10 @@ def _source_fields(count: int, rows_per_shard: int) -> tuple[int, int]:
 
 def _child_counts(interleaver, draws: int) -> dict[str, int]:
     """Expected samples of each child of ``interleaver`` after ``draws`` draws (its weights' shares)."""
-    expected = np.floor(np.asarray(interleaver._weights) * draws).astype(np.int64)
+    weights = interleaver.weights
+    expected = np.floor(np.asarray(list(weights.values())) * draws).astype(np.int64)
     expected[0] += draws - int(expected.sum())
-    return dict(zip(interleaver._names, expected.tolist()))
+    return dict(zip(weights, expected.tolist()))
 
 
 def _worker_dataset_states(state: dict, num_workers: int) -> list[tuple[int, dict]]:
@@ -96,7 +99,7 @@ def advance_state(dm, state: dict, step: int, batch_size: int, from_step: int) -
     stream = dm.build_train_stream()
     packer = stream if dm.packing is not None else None
     inner = stream.dataset if packer is not None else stream
-    interleaver = inner if hasattr(inner, "_block_uniforms") else None
+    interleaver = inner if isinstance(inner, InterleavedDataset) else None
     workers = dm.num_workers
 
     for worker, dataset_state in _worker_dataset_states(state, workers):

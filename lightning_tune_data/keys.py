@@ -26,6 +26,10 @@ TRUNCATED_TOKENS = "truncated_tokens"
 #: Documents the overlong policy dropped just before this one.
 DROPPED_BEFORE = "dropped_before"
 
+#: Column of a preprocessed row that failed under an error budget: ``None``, or why it failed
+#: (such rows are dropped from a cache, and skipped and counted by a streaming source).
+PREPROCESS_ERROR = "_preprocess_error"
+
 # -- a batch, as a collator builds it -------------------------------------------------------------
 LABELS = "labels"
 ATTENTION_MASK = "attention_mask"

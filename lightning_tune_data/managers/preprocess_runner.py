@@ -17,11 +17,11 @@ from typing import Any
 import datasets
 import numpy as np
 
-from lightning_tune_data.keys import INPUT_IDS, LOSS_MASK
+from lightning_tune_data.keys import INPUT_IDS, LOSS_MASK, PREPROCESS_ERROR
 from lightning_tune_data.preprocess import MissingColumnError, PreprocessError, RowError
 from lightning_tune_data.tokenizers import Tokenizer
 
-__all__ = ["ERROR_COLUMN", "OUTPUT_COLUMNS", "OUTPUT_FEATURES", "PROBE_ROWS", "PreprocessRunner", "drop_failed_rows"]
+__all__ = ["OUTPUT_COLUMNS", "OUTPUT_FEATURES", "PROBE_ROWS", "PreprocessRunner", "drop_failed_rows"]
 
 #: Columns a preprocessed cache keeps.
 OUTPUT_COLUMNS = (INPUT_IDS, LOSS_MASK)
@@ -32,8 +32,6 @@ OUTPUT_FEATURES = {
 }
 #: Rows preprocessed first, in the building process, so a broken function fails fast.
 PROBE_ROWS = 8
-#: Column that tags rows whose preprocessing failed (only with ``max_error_count > 0``).
-ERROR_COLUMN = "_preprocess_error"
 
 
 class PreprocessRunner:
@@ -63,7 +61,7 @@ class PreprocessRunner:
         self.kwargs = dict(kwargs)
         self.description = description
         self.has_loss_mask: bool | None = None  # fixed by the probe batch
-        # With a budget, failing rows are not raised but tagged in ERROR_COLUMN (one placeholder
+        # With a budget, failing rows are not raised but tagged in PREPROCESS_ERROR (one placeholder
         # row each); the manager counts the tags over the whole dataset after the map (so the
         # count is exact with num_proc) and drops them. This process stops early once its own
         # count alone exceeds the budget.
@@ -119,7 +117,7 @@ class PreprocessRunner:
             raise self._failure(rows, error) from error
         result = self._check(output, rows)
         if self.max_error_count:
-            result[ERROR_COLUMN] = [None] * len(result[INPUT_IDS])
+            result[PREPROCESS_ERROR] = [None] * len(result[INPUT_IDS])
         return result
 
     def _missing_column_error(self, error: MissingColumnError, examples: dict[str, list]) -> PreprocessError:
@@ -140,7 +138,7 @@ class PreprocessRunner:
     def _row_by_row(self, examples: dict[str, list], indices: list[int]) -> dict[str, list]:
         """Re-run a failed batch one row at a time; tag the rows that fail (error budget mode)."""
         num_rows = len(next(iter(examples.values()))) if examples else 0
-        merged: dict[str, list] = {INPUT_IDS: [], ERROR_COLUMN: []}
+        merged: dict[str, list] = {INPUT_IDS: [], PREPROCESS_ERROR: []}
         if self.has_loss_mask:
             merged[LOSS_MASK] = []
         for position in range(num_rows):
@@ -167,7 +165,7 @@ class PreprocessRunner:
                 merged[INPUT_IDS].append([])
                 if LOSS_MASK in merged:
                     merged[LOSS_MASK].append([])
-                merged[ERROR_COLUMN].append(message)
+                merged[PREPROCESS_ERROR].append(message)
                 continue
             result = self._check(output, f"row {index}")
             if LOSS_MASK in result and LOSS_MASK not in merged:
@@ -175,7 +173,7 @@ class PreprocessRunner:
             merged[INPUT_IDS].extend(result[INPUT_IDS])
             if LOSS_MASK in merged:
                 merged[LOSS_MASK].extend(result.get(LOSS_MASK, []))
-            merged[ERROR_COLUMN].extend([None] * len(result[INPUT_IDS]))
+            merged[PREPROCESS_ERROR].extend([None] * len(result[INPUT_IDS]))
         return merged
 
     def _failure(self, rows: str, error: BaseException) -> PreprocessError:
@@ -220,18 +218,18 @@ def drop_failed_rows(
     """Count the rows tagged as failed over the whole dataset; raise past the budget, else drop them.
 
     Args:
-        mapped: The dataset the runner mapped, with its :data:`ERROR_COLUMN`.
+        mapped: The dataset the runner mapped, with its :data:`PREPROCESS_ERROR`.
         max_error_count: The budget of failed rows.
         description: Names the source in the warning and the error.
 
     Returns:
         ``(dataset without the failed rows, number of failed rows)``.
     """
-    tagged = mapped.data.table.column(ERROR_COLUMN).is_valid().to_numpy(zero_copy_only=False)
+    tagged = mapped.data.table.column(PREPROCESS_ERROR).is_valid().to_numpy(zero_copy_only=False)
     failed = np.flatnonzero(tagged)
     if not len(failed):
         return mapped, 0
-    first = mapped.data.table.column(ERROR_COLUMN)[int(failed[0])].as_py()
+    first = mapped.data.table.column(PREPROCESS_ERROR)[int(failed[0])].as_py()
     if len(failed) > max_error_count:
         raise PreprocessError(
             f"{description}: {len(failed)} rows failed preprocessing, more than "

@@ -17,13 +17,12 @@ from typing import Any
 
 import datasets
 
-from lightning_tune_data.keys import INPUT_IDS, LOSS_MASK
+from lightning_tune_data.keys import INPUT_IDS, LOSS_MASK, PREPROCESS_ERROR
 from lightning_tune_data.managers.errors import DataSourceError
 from lightning_tune_data.managers.input_files import InputFiles
 from lightning_tune_data.managers.options import DEFAULT_PREPROCESS, SourceOptions
 from lightning_tune_data.preprocess import PreprocessError
 from lightning_tune_data.managers.preprocess_runner import (
-    ERROR_COLUMN,
     OUTPUT_COLUMNS,
     OUTPUT_FEATURES,
     PROBE_ROWS,
@@ -146,7 +145,7 @@ class Preprocessing:
             runner.local_errors, runner.first_error = 0, None  # the map counts these rows again
         out_columns = [INPUT_IDS] + ([LOSS_MASK] if runner.has_loss_mask else [])
         kept = [c for c in columns if c not in removed and c not in out_columns]
-        tagged = {ERROR_COLUMN: datasets.Value("string")} if max_error_count else {}
+        tagged = {PREPROCESS_ERROR: datasets.Value("string")} if max_error_count else {}
         features = datasets.Features(
             {**{c: dataset.features[c] for c in kept}, **{c: OUTPUT_FEATURES[c] for c in out_columns},
              **tagged}
@@ -170,7 +169,7 @@ class Preprocessing:
         return mapped.select_columns(out_columns), skipped
 
     def tokenize_stream(self, dataset: datasets.IterableDataset, tokenizer: Tokenizer) -> datasets.IterableDataset:
-        """The lazily preprocessed stream: the token columns plus :data:`ERROR_COLUMN` (``None``
+        """The lazily preprocessed stream: the token columns plus :data:`PREPROCESS_ERROR` (``None``
         where the row was preprocessed, else why it failed).
 
         Args:
@@ -193,8 +192,8 @@ class Preprocessing:
         if first is not None:  # fail fast on the first row when nothing may be skipped
             probe = runner({key: [value] for key, value in first.items()}, [0])
             runner.local_errors = 0
-            if probe[ERROR_COLUMN][0] is not None and not self.options.max_error_count:
-                raise PreprocessError(probe[ERROR_COLUMN][0])
-        out_columns = [INPUT_IDS] + ([LOSS_MASK] if runner.has_loss_mask else []) + [ERROR_COLUMN]
+            if probe[PREPROCESS_ERROR][0] is not None and not self.options.max_error_count:
+                raise PreprocessError(probe[PREPROCESS_ERROR][0])
+        out_columns = [INPUT_IDS] + ([LOSS_MASK] if runner.has_loss_mask else []) + [PREPROCESS_ERROR]
         mapped = dataset.map(runner, batched=True, with_indices=True, remove_columns=removed)
         return mapped.select_columns(out_columns)

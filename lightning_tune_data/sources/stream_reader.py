@@ -19,14 +19,11 @@ from typing import Any
 import numpy as np
 
 from lightning_tune_data.distributed import ShardInfo
-from lightning_tune_data.keys import INPUT_IDS, LOSS_MASK
+from lightning_tune_data.keys import INPUT_IDS, LOSS_MASK, PREPROCESS_ERROR
 from lightning_tune_data.sources.retries import Reopenings, RetryPolicy, stream_files, without_datasets_read_retries
 from lightning_tune_data.sources.shuffle_buffer import StreamDocument
 
 __all__ = ["StreamReader", "check_stream", "row_document"]
-
-#: Column a streaming manager's preprocessing sets (to the failure's message) on a failed row.
-_PREPROCESS_ERROR = "_preprocess_error"
 
 
 def _uses_hf_shuffle(dataset: Any) -> bool:
@@ -82,7 +79,7 @@ def row_document(row: dict[str, Any]) -> StreamDocument:
         ValueError, KeyError: the row was tagged as failed by preprocessing, or its columns are
             missing, not integer, not 1-D, or of different lengths.
     """
-    failure = row.get(_PREPROCESS_ERROR, [None])[0]
+    failure = row.get(PREPROCESS_ERROR, [None])[0]
     if failure is not None:
         raise ValueError(f"preprocessing failed: {failure}")
     if INPUT_IDS not in row:

@@ -11,7 +11,8 @@ from source_files import TEXTS, write_jsonl
 
 from lightning_tune_data import LocalDatasetManager
 from lightning_tune_data.cache.marker import is_valid_cache
-from lightning_tune_data.managers.preprocess_runner import ERROR_COLUMN, PreprocessRunner, drop_failed_rows
+from lightning_tune_data.keys import PREPROCESS_ERROR
+from lightning_tune_data.managers.preprocess_runner import PreprocessRunner, drop_failed_rows
 from lightning_tune_data.preprocess import PreprocessError, tokenize_prompt_completion, tokenize_text
 from lightning_tune_data.tokenizers import ByteTokenizer
 
@@ -73,14 +74,14 @@ def test_the_runner_keeps_only_the_token_columns_and_tags_rows_only_with_a_budge
     batch = {"text": ["ab", "c"], "id": [1, 2]}
     assert runner()(batch, [0, 1]) == {"input_ids": [[256, 97, 98, 257], [256, 99, 257]]}
     tagged = runner(max_error_count=2)(batch, [0, 1])
-    assert tagged[ERROR_COLUMN] == [None, None]
+    assert tagged[PREPROCESS_ERROR] == [None, None]
 
 
 def test_the_runner_with_a_budget_retries_row_by_row_and_tags_the_failing_row() -> None:
     tagging = runner(max_error_count=1)
     result = tagging({"text": ["ok", None, "fine"]}, [10, 11, 12])
     assert result["input_ids"][1] == [] and result["input_ids"][0] == [256, 111, 107, 257]
-    assert result[ERROR_COLUMN][0] is None and "row 11, column 'text'" in result[ERROR_COLUMN][1]
+    assert result[PREPROCESS_ERROR][0] is None and "row 11, column 'text'" in result[PREPROCESS_ERROR][1]
     assert tagging.local_errors == 1
     with pytest.raises(PreprocessError, match=r"more than max_error_count=1 rows failed preprocessing"):
         tagging({"text": [None]}, [13])
@@ -113,12 +114,12 @@ def test_a_loss_mask_must_come_with_every_batch_and_match_the_ids() -> None:
 
 def test_drop_failed_rows_counts_over_the_whole_dataset_and_enforces_the_budget() -> None:
     mapped = datasets.Dataset.from_dict(
-        {"input_ids": [[1], [], [2], []], ERROR_COLUMN: [None, "row 1 failed", None, "row 3 failed"]}
+        {"input_ids": [[1], [], [2], []], PREPROCESS_ERROR: [None, "row 1 failed", None, "row 3 failed"]}
     )
     with pytest.warns(UserWarning, match=r"skipped 2 rows .*First failure: row 1 failed"):
         kept, skipped = drop_failed_rows(mapped, 2, "source 'notes'")
     assert (kept["input_ids"], skipped) == ([[1], [2]], 2)
     with pytest.raises(PreprocessError, match=r"2 rows failed preprocessing, more than max_error_count=1"):
         drop_failed_rows(mapped, 1, "source 'notes'")
-    clean = datasets.Dataset.from_dict({"input_ids": [[1]], ERROR_COLUMN: [None]})
+    clean = datasets.Dataset.from_dict({"input_ids": [[1]], PREPROCESS_ERROR: [None]})
     assert drop_failed_rows(clean, 0, "source 'notes'") == (clean, 0)

@@ -16,7 +16,7 @@ from datamodule_config import managers, ready
 from lightning.pytorch.trainer.states import TrainerFn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_tune_data import LocalDatasetManager, TextDataModule
+from lightning_tune_data import TextDataModule
 from lightning_tune_data.loading.checkpoint import (
     BATCHES_CONSUMED_KEY,
     LOADER_STATE_KEY,
@@ -38,17 +38,6 @@ def test_train_loader_is_a_resumable_stateful_dataloader_with_drop_last(corpus_d
     batch = next(iter(loader))
     assert batch["input_ids"].shape[0] == 4 and batch["input_ids"].dtype == torch.long
     assert set(batch["provenance"]["source"]) <= {"a", "b"}
-
-
-def test_setup_honours_manager_stages(corpus_dir, tmp_path):
-    config = managers(corpus_dir)
-    config["test"] = {"held_out": LocalDatasetManager(data_files=str(corpus_dir / "val.jsonl"), stages=["test"])}
-    datamodule = TextDataModule(dataset_managers=config, cache_dir=str(tmp_path))
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    assert "held_out" not in datamodule._datasets["test"]
-    datamodule.setup("test")
-    assert len(datamodule.test_dataloader()) == 1
 
 
 def test_finite_first_exhausted_mix_ends_the_epoch(corpus_dir, tmp_path):

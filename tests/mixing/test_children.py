@@ -14,20 +14,10 @@ from lightning_tune_data.mixing.interleave import InterleavedDataset
 from lightning_tune_data.sources.arrow import ArrowSource
 from lightning_tune_data.sources.base import ElasticResumeUnsupported
 from lightning_tune_data.sources.memory import InMemoryStream
+from mixtures import key as _key
+from mixtures import stream as _stream
 
 CHILDREN_LOGGER = "lightning_tune_data.mixing.children"
-
-
-def _stream(name: str, n: int, *, seed: int = 0, num_passes: int | None = None, rank: int = 0,
-            world_size: int = 1, shuffle: bool = True) -> InMemoryStream:
-    """``n`` documents ``[k, k]`` with ``k`` unique per (name, index)."""
-    base = {"a": 0, "b": 10_000, "c": 20_000, "x": 40_000}[name]
-    return InMemoryStream([[base + i, base + i] for i in range(n)], name, seed=seed, shuffle=shuffle,
-                          num_passes=num_passes, rank=rank, world_size=world_size)
-
-
-def _key(sample: dict) -> tuple:
-    return (sample["source"], sample["epoch"], tuple(sample["input_ids"].tolist()))
 
 
 def _children(strategy: str, lengths: dict[str, int], num_passes: int | None = 1) -> ChildStreams:

@@ -3,43 +3,23 @@
 from __future__ import annotations
 
 import collections
-import io
 import itertools
 import logging
 
 import numpy as np
 import pytest
-import torch
 
 from lightning_tune_data.mixing.interleave import InterleavedDataset
 from lightning_tune_data.mixing.schedule import BLOCK_SIZE, DrawSchedule, check_weights
 from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.memory import InMemoryStream
+from mixtures import WEIGHTS
+from mixtures import key as _key
+from mixtures import mixture as _mixture
+from mixtures import roundtrip as _roundtrip
+from mixtures import stream as _stream
 
 SCHEDULE_LOGGER = "lightning_tune_data.mixing.schedule"
-WEIGHTS = {"a": 0.7, "b": 0.2, "c": 0.1}
-
-
-def _stream(name: str, n: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> InMemoryStream:
-    """``n`` documents ``[k, k]`` with ``k`` unique per (name, index)."""
-    base = {"a": 0, "b": 10_000, "c": 20_000}[name]
-    return InMemoryStream([[base + i, base + i] for i in range(n)], name, seed=seed, rank=rank, world_size=world_size)
-
-
-def _mixture(rank: int = 0, world_size: int = 1, seed: int = 123) -> InterleavedDataset:
-    children = [_stream(n, 64, seed=i, rank=rank, world_size=world_size) for i, n in enumerate(WEIGHTS)]
-    return InterleavedDataset(children, list(WEIGHTS.values()), seed=seed, rank=rank, world_size=world_size)
-
-
-def _roundtrip(state: dict) -> dict:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    buf.seek(0)
-    return torch.load(buf, weights_only=True)
-
-
-def _key(sample: dict) -> tuple:
-    return (sample["source"], sample["epoch"], tuple(sample["input_ids"].tolist()))
 
 
 def _schedule(weights: list[float], mix_by: str = "documents", seed: int = 0, rank: int = 0,

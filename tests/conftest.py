@@ -26,6 +26,20 @@ def write_jsonl(path: Path, texts: list[str], column: str = "text") -> Path:
     return path
 
 
+def assert_valid_png(path: Path) -> None:
+    """``path`` is a readable PNG of at least 100 x 100 pixels that is not blank."""
+    import matplotlib.image
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image.verify()
+        assert image.format == "PNG"
+    pixels = matplotlib.image.imread(path)
+    assert pixels.shape[0] > 100 and pixels.shape[1] > 100
+    assert float(np.std(pixels)) > 0.01, f"{path.name} is blank"
+
+
 @pytest.fixture
 def corpus_dir(tmp_path: Path) -> Path:
     """Two small JSONL sources (``a``: 61 docs, ``b``: 47 docs) and a val file."""

@@ -38,7 +38,6 @@ __all__ = [
     "DatasetMetricsAggregator",
     "LENGTH_POLICY",
     "PACKING",
-    "PROVENANCE_FIELDS",
     "RECENT",
     "STREAM_NAME",
     "tidy_weight",

@@ -24,7 +24,7 @@ from lightning_tune_data.mixing.schedule import (
 from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.base import TuneIterableDataset
 
-__all__ = ["InterleavedDataset", "STOPPING_STRATEGIES", "MIX_BY"]
+__all__ = ["InterleavedDataset"]
 
 _END = object()  # what ``next`` returns for an ended child
 

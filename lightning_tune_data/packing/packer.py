@@ -54,7 +54,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from lightning_tune_data.distributed import current_shard
-from lightning_tune_data.keys import IGNORE_INDEX, OVERLONG_POLICIES, ROW, OverlongPolicy
+from lightning_tune_data.keys import OVERLONG_POLICIES, ROW, OverlongPolicy
 from lightning_tune_data.packing.intake import DocumentIntake
 from lightning_tune_data.packing.pack import Pack
 from lightning_tune_data.packing.packer_state import (
@@ -77,7 +77,7 @@ from lightning_tune_data.packing.strategies import STRATEGY, get_strategy, strat
 from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.base import TuneIterableDataset
 
-__all__ = ["IterablePackedDataset", "PACKING_STRATEGIES", "OVERLONG_POLICIES", "IGNORE_INDEX"]
+__all__ = ["IterablePackedDataset", "PACKING_STRATEGIES"]
 
 #: The registered strategies' names when this module was first imported (see ``strategy_names()``).
 PACKING_STRATEGIES: tuple[str, ...] = strategy_names()

@@ -6,13 +6,10 @@ import os
 import re
 from pathlib import Path
 
-import matplotlib.image
-import numpy as np
 import pytest
-from conftest import make_texts, write_jsonl
+from conftest import assert_valid_png, make_texts, write_jsonl
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger
-from PIL import Image
 
 from lightning_tune_data import DatasetMetricsCallback, LocalDatasetManager, TextDataModule
 from lightning_tune_data.cli import main as cli_main
@@ -22,14 +19,6 @@ from lightning_tune_data.models import TinyCausalLM
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART_SOURCES = ("prose", "arithmetic", "reverse")
 
-
-def assert_valid_png(path: Path) -> None:
-    with Image.open(path) as image:
-        image.verify()
-        assert image.format == "PNG"
-    pixels = matplotlib.image.imread(path)
-    assert pixels.shape[0] > 100 and pixels.shape[1] > 100
-    assert float(np.std(pixels)) > 0.01, f"{path.name} is blank"
 
 
 @pytest.fixture(scope="module")

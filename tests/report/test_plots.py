@@ -9,18 +9,10 @@ import matplotlib.image
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
-from PIL import Image
+from conftest import assert_valid_png
 
 from lightning_tune_data.report.plots import plot_efficiency, plot_lengths, plot_losses, plot_mix, plot_truncation
 
-
-def assert_valid_png(path: Path) -> None:
-    with Image.open(path) as image:
-        image.verify()
-        assert image.format == "PNG"
-    pixels = matplotlib.image.imread(path)
-    assert pixels.shape[0] > 100 and pixels.shape[1] > 100
-    assert float(np.std(pixels)) > 0.01, f"{path.name} is blank"
 
 
 @pytest.fixture

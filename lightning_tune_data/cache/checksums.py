@@ -6,11 +6,13 @@ time, so ``touch`` does not invalidate a cache.
 A finished cache records, for every file it holds, the size and an xxHash (``xxh3_128``, a
 fast non-cryptographic hash) of the bytes. Reusing a cache checks them in one of two modes:
 
-* ``"checksum"`` (default): every byte is read and hashed, so a flipped bit anywhere is found.
-  It costs one sequential read of the cache (see the README for the measured cost per GB).
-* ``"size"``: only the file sizes are compared (a truncated or overwritten-with-other-length
-  file is found, a same-size corruption is not). For very large caches where a full read at
-  every ``prepare_data`` is too slow.
+* ``"checksum"`` (default): a file is hashed when it is written or downloaded and again whenever
+  it changed since (its size, modification time or inode differ from when it was last verified,
+  see :mod:`lightning_tune_data.cache.verified`); an unchanged file costs one ``stat``. A patched
+  or rewritten file is found, whatever its size.
+* ``"full"``: every byte is read and hashed at every check (one sequential read of the cache,
+  about 0.17 s per GB), so even a corruption that kept the file's modification time is found.
+* ``"size"``: only the file sizes are compared.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import xxhash
+
+from lightning_tune_data.cache.verified import file_stamp, read_verified, record_verified
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
@@ -38,7 +42,7 @@ __all__ = [
 
 #: The hash recorded per file (name stored with it, so it can change later).
 CHECKSUM_ALGORITHM = "xxh3_128"
-VerifyMode = Literal["checksum", "size"]
+VerifyMode = Literal["checksum", "size", "full"]
 #: How a reused cache's files are checked.
 VERIFY_MODES: tuple[str, ...] = VerifyMode.__args__
 #: Bytes read at a time when hashing a file.
@@ -92,7 +96,8 @@ def verify_files(root: str | os.PathLike[str], recorded: Mapping[str, Mapping[st
     Args:
         root: The cache directory.
         recorded: The output of :func:`tree_checksums` at write time.
-        mode: ``"checksum"`` (sizes and hashes) or ``"size"`` (sizes only).
+        mode: ``"checksum"`` (sizes, and hashes of the files changed since they were last
+            verified), ``"full"`` (sizes and every hash) or ``"size"`` (sizes only).
 
     Returns:
         ``None`` when every file matches, else a description naming the first bad file.
@@ -109,14 +114,19 @@ def verify_files(root: str | os.PathLike[str], recorded: Mapping[str, Mapping[st
             return f"file {path} has {size} bytes, {expected.get('size')} were written (truncated or overwritten)"
     if mode == "size":
         return None
+    verified = read_verified(root) if mode == "checksum" else {}
+    hashed: list[str] = []
     for relative, expected in recorded.items():
         want = expected.get(CHECKSUM_ALGORITHM)
-        if want is None:
+        if want is None or (verified.get(relative) is not None and verified.get(relative) == file_stamp(root / relative)):
             continue
         got = file_checksum(root / relative)
         if got != want:
             return (f"file {root / relative} does not match the checksum recorded when it was written "
                     f"({CHECKSUM_ALGORITHM} {got} != {want}): its bytes changed on disk")
+        hashed.append(relative)
+    if hashed:
+        record_verified(root, hashed)
     return None
 
 

@@ -13,12 +13,51 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import lightning_tune_data.version as package_version
 from lightning_tune_data.cache.fingerprints import CACHE_FORMAT_VERSION, canonical_json
 
-__all__ = ["COMPLETE_MARKER", "is_valid_cache", "read_cache_metadata"]
+__all__ = ["COMPLETE_MARKER", "is_valid_cache", "marker_content", "marker_matches", "read_cache_metadata"]
 
 #: Name of the completion marker, written last into a finished cache directory.
 COMPLETE_MARKER = "_COMPLETE.json"
+
+
+def marker_content(metadata: Mapping[str, Any], inputs: Mapping[str, Any], description: str,
+                   files: Mapping[str, Any], store: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What a completion marker holds: format and package version, the metadata a reader requires,
+    what the cache was built from, every file's size and checksum and, for a token store, its
+    shards in row order with their row and token counts.
+
+    Args:
+        metadata: Must equal what a reader expects (fingerprint, manager).
+        inputs: What the cache was built from (so later builds can say what changed).
+        description: Names the cache's source.
+        files: ``{relative path: {"size", "xxh3_128"}}`` of every file but the marker.
+        store: The store's shards and counts.
+    """
+    content = {
+        "cache_format": CACHE_FORMAT_VERSION,
+        "package_version": package_version.__version__,
+        "metadata": dict(metadata),
+        "inputs": dict(inputs),
+        "description": description,
+        "files": dict(files),
+    }
+    if store is not None:
+        content["store"] = dict(store)
+    return content
+
+
+def marker_matches(content: Any, metadata: Mapping[str, Any] | None = None) -> bool:
+    """Whether parsed marker ``content`` is in this package's format and (if given) has ``metadata``.
+
+    Args:
+        content: The marker's parsed JSON (or ``None``).
+        metadata: What the reader requires, compared canonically.
+    """
+    if not isinstance(content, dict) or content.get("cache_format") != CACHE_FORMAT_VERSION:
+        return False
+    return metadata is None or canonical_json(content.get("metadata")) == canonical_json(dict(metadata))
 
 
 def read_cache_metadata(cache_dir: str | os.PathLike[str]) -> dict[str, Any] | None:

@@ -1,6 +1,8 @@
-"""A tokenized dataset saved in a cache folder, and the manifest that says what was written.
+"""The cache layout of earlier versions, still read: a tokenized dataset saved in a cache folder,
+and the manifest that says what was written.
 
-A source's cache folder holds the ``datasets`` library's ``save_to_disk`` output in
+New caches are token stores (:mod:`lightning_tune_data.cache.shards`); a cache built by an earlier
+version with the same fingerprint is opened as it is instead of being rebuilt. Such a folder holds the ``datasets`` library's ``save_to_disk`` output in
 :data:`DATASET_FOLDER` and :data:`CACHE_MANIFEST`: the row count, the rows skipped as failed and
 the size of every file. Opening the cache checks the files against the manifest, so a truncated,
 missing or overwritten file names itself instead of failing somewhere inside ``datasets``.

@@ -28,12 +28,12 @@ from typing import Any
 
 from filelock import FileLock
 
-import lightning_tune_data.version as package_version
 from lightning_tune_data.cache.checksums import VERIFY_MODES, VerifyMode, tree_checksums, verify_files
-from lightning_tune_data.cache.fingerprints import CACHE_FORMAT_VERSION, canonical_json, json_default
+from lightning_tune_data.cache.fingerprints import canonical_json, json_default
 from lightning_tune_data.cache.layout import lock_path, temporary_prefix
-from lightning_tune_data.cache.marker import COMPLETE_MARKER, is_valid_cache, read_cache_metadata
+from lightning_tune_data.cache.marker import COMPLETE_MARKER, is_valid_cache, marker_content, read_cache_metadata
 from lightning_tune_data.cache.sizes import human_size, tree_size
+from lightning_tune_data.cache.verified import record_verified
 
 __all__ = ["CacheReadOnlyError", "build_cache_atomically", "check_complete_cache"]
 
@@ -130,6 +130,7 @@ def build_cache_atomically(
     inputs: Mapping[str, Any] | None = None,
     description: str = "cache",
     build_reason: Callable[[], str] | None = None,
+    describe: Callable[[Path], tuple[dict[str, Any], dict[str, Any] | None]] | None = None,
 ) -> Path:
     """Return a valid cache at ``final_dir``, building it with ``build`` if needed.
 
@@ -154,6 +155,9 @@ def build_cache_atomically(
             (so later builds can say what changed, and ``cache list`` what is stale).
         description: Names the cache in messages (e.g. ``source 'notes' (...)``).
         build_reason: Called before a build; returns why it is needed (for the log line).
+        describe: Called with the filled folder; returns the checksums of its files (already
+            computed while writing) and the token store's shards for the marker. Default: every
+            file is hashed and there is no store section.
 
     Returns:
         ``final_dir`` as a ``Path``.
@@ -207,14 +211,9 @@ def build_cache_atomically(
         temp_dir.mkdir()
         try:
             build(temp_dir)
-            marker = {
-                "cache_format": CACHE_FORMAT_VERSION,
-                "package_version": package_version.__version__,
-                "metadata": metadata,
-                "inputs": dict(inputs or {}),
-                "description": description,
-                "files": tree_checksums(temp_dir, exclude=[COMPLETE_MARKER]),
-            }
+            files, store = describe(temp_dir) if describe is not None else (
+                tree_checksums(temp_dir, exclude=[COMPLETE_MARKER]), None)
+            marker = marker_content(metadata, inputs or {}, description, files, store)
             _fsync_tree(temp_dir)
             marker_path = temp_dir / COMPLETE_MARKER
             with open(marker_path, "w", encoding="utf-8") as handle:
@@ -227,6 +226,7 @@ def build_cache_atomically(
         except BaseException:
             shutil.rmtree(temp_dir, ignore_errors=True)
             raise
+        record_verified(final_dir, files)  # just hashed: the next open checks stamps only
     log.info("%s: built cache %s (%s) because %s", description, final_dir, human_size(tree_size(final_dir)),
              reason_line)
     return final_dir

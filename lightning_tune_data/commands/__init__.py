@@ -12,6 +12,7 @@ import importlib
 #: subcommand name -> module path (the module defines ``main(argv) -> int``).
 COMMANDS: dict[str, str] = {
     "cache": "lightning_tune_data.commands.cache",
+    "prepare": "lightning_tune_data.commands.prepare",
     "report": "lightning_tune_data.commands.report",
 }
 

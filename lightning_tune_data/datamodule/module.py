@@ -20,7 +20,6 @@ Lifecycle (Lightning calls these):
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import replace
 from functools import partial
@@ -31,6 +30,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 
 from lightning_tune_data.cache.checksums import VerifyMode
+from lightning_tune_data.cache.root import StoreRoot, default_local_cache_dir, parse_size
 from lightning_tune_data.collate import PackedCollator, PaddedCollator
 from lightning_tune_data.datamodule.eval_loaders import eval_loaders
 from lightning_tune_data.datamodule.manager_data import loaded_dataset, prepare_datasets, set_up_datasets
@@ -53,8 +53,7 @@ __all__ = ["TextDataModule", "default_cache_dir"]
 
 def default_cache_dir() -> Path:
     """``$LIGHTNING_TUNE_DATA_CACHE`` or ``~/.cache/lightning_tune_data``."""
-    env = os.environ.get("LIGHTNING_TUNE_DATA_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "lightning_tune_data"
+    return default_local_cache_dir()
 
 
 class TextDataModule(LightningDataModule):
@@ -72,15 +71,15 @@ class TextDataModule(LightningDataModule):
         eval_batch_size: val/test/predict batch size (default: ``batch_size``).
         num_workers: dataloader workers per rank (may change across a resume: the stream is re-split).
         seed: seeds shuffling and interleaving; same seed + config => same batches, bitwise.
-        cache_dir: where preprocessed datasets are cached (default ``default_cache_dir()``).
+        cache_dir: where preprocessed datasets are stored: a local path or an fsspec URL such as
+            ``s3://bucket/prefix`` (default ``default_cache_dir()``).
         packing: ``None`` (pad each sample), ``"greedy"``, ``"best_fit"`` or ``"concat"``.
         packing_buffer_size: documents the ``best_fit`` packer may hold to choose from.
         overlong: documents longer than ``max_seq_len`` are ``"truncate"``-d or ``"drop"``-ped
             (counted); ``concat`` packing splits them across blocks instead.
-        multidataset_stopping_strategy: ``"infinite"`` (default: every source restarts with a
-            new shuffle and the run ends at ``max_steps``), ``"first_exhausted"`` or
-            ``"all_exhausted"`` (one pass: exhausted sources are dropped and the others renormalised, so
-            every sample is used exactly once).
+        multidataset_stopping_strategy: ``"infinite"`` (default: sources restart with a new shuffle;
+            the run ends at ``max_steps``), ``"first_exhausted"`` or ``"all_exhausted"`` (one pass:
+            exhausted sources are dropped, the others renormalised).
         train_mode: ``"stream"`` (default) or ``"map"`` (one train manager, no packing,
             map-style data with a seeded stateful sampler).
         pad_to_multiple_of: round padded lengths up to a multiple of this.
@@ -89,21 +88,16 @@ class TextDataModule(LightningDataModule):
         train_stream_name: dataloader name of the train stream when there are several train
             managers (with one, the stream takes that manager's name).
         mix_by: what the train sources' weights are shares of: ``"documents"`` (default) or
-            ``"tokens"`` (a "30% code" mix then means 30% of the tokens, whatever the sources'
-            document lengths; with packing, of the tokens placed in packs).
-        resume_data_state: restore the train data position from a checkpoint (default). With
-            ``False`` a resumed run keeps the model, optimizer and step but starts the train data
-            from the beginning, with a warning: the way out when the data config changed in a
-            way that cannot be resumed (sources, seed, ``max_seq_len``, packing).
-        prepare_data_per_node: Lightning's switch: ``True`` (default) runs ``prepare_data`` on the
-            first process of every node (each node builds its own cache, or waits on the lock of
-            a shared ``cache_dir``); ``False`` runs it on global rank 0 only, for a ``cache_dir``
-            on a filesystem every node shares: one process tokenizes and every rank memory-maps
-            the same cache.
-        cache_verify: how ``prepare_data`` checks a cache it reuses: ``"checksum"`` (default:
-            hash every file and compare with the checksums recorded when it was written; a
-            corrupt cache is rebuilt with a warning naming the file) or ``"size"`` (file sizes
-            only, for very large caches; a same-size corruption then goes unnoticed).
+            ``"tokens"`` (with packing, of the tokens placed in packs).
+        resume_data_state: restore the train data position from a checkpoint (default); ``False``
+            restarts the train data (the way out of a data config that cannot be resumed).
+        prepare_data_per_node: ``True`` (default) runs ``prepare_data`` on the first process of
+            every node; ``False`` on global rank 0 only (a ``cache_dir`` every node shares).
+        cache_verify: how a reused cache is checked: ``"checksum"`` (default: files changed since
+            they were verified are hashed again), ``"full"`` (every file hashed) or ``"size"``.
+        storage_options: options of a remote ``cache_dir``'s filesystem (endpoint, credentials).
+        local_cache_dir: this node's copies of a remote ``cache_dir``'s stores (``default_cache_dir()``).
+        shard_size: new stores close a shard at about this size (``"256MB"``).
     """
 
     def __init__(
@@ -131,6 +125,9 @@ class TextDataModule(LightningDataModule):
         resume_data_state: bool = True,
         cache_verify: VerifyMode = "checksum",
         prepare_data_per_node: bool = True,
+        storage_options: dict[str, Any] | None = None,
+        local_cache_dir: str | None = None,
+        shard_size: int | str = "256MB",
     ) -> None:
         super().__init__()
         self.prepare_data_per_node = prepare_data_per_node
@@ -140,7 +137,9 @@ class TextDataModule(LightningDataModule):
         self.eval_batch_size = batch_size if eval_batch_size is None else eval_batch_size
         self.num_workers = num_workers
         self.seed = seed
-        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.store_root = StoreRoot(str(cache_dir or default_cache_dir()), storage_options, local_cache_dir,
+                                    parse_size(shard_size))
+        self.cache_dir = self.store_root.url if self.store_root.is_remote else self.store_root.local_path()
         self.cache_verify = cache_verify
         self.packing = packing
         self.packing_buffer_size = packing_buffer_size
@@ -195,7 +194,7 @@ class TextDataModule(LightningDataModule):
 
     def prepare_data(self) -> None:
         """Download, preprocess and cache every manager's data (Lightning runs it once per node)."""
-        prepare_datasets(self.dataset_managers, self.tokenizer, self.cache_dir, self.cache_verify)
+        prepare_datasets(self.dataset_managers, self.tokenizer, self.store_root, self.cache_verify)
 
     def setup(self, stage: str | None = None) -> None:
         """Load the caches every rank needs for ``stage`` (all stages when ``None``).
@@ -205,7 +204,7 @@ class TextDataModule(LightningDataModule):
         """
         check_stage(self.dataset_managers, stage, getattr(self, "trainer", None),
                     infinite_stream=self.stopping_strategy == "infinite" and self.train_mode == "stream")
-        set_up_datasets(self._datasets, self.dataset_managers, stage, self.tokenizer, self.cache_dir)
+        set_up_datasets(self._datasets, self.dataset_managers, stage, self.tokenizer, self.store_root)
         if self._datasets["train"] and not self._overlong_checked:
             self._overlong_checked = True  # one pass over the cached lengths, once per datamodule
             warn_overlong_documents(self._datasets["train"], self.max_seq_len, self.overlong, self.packing)
@@ -250,7 +249,7 @@ class TextDataModule(LightningDataModule):
 
     def _eval_loaders(self, split: str) -> list[torch.utils.data.DataLoader]:
         return eval_loaders(self._managers(split), partial(self.dataset, split), tokenizer=self.tokenizer,
-                            cache_dir=self.cache_dir, max_seq_len=self.max_seq_len,
+                            cache_dir=self.store_root.local_dir, max_seq_len=self.max_seq_len,
                             pad_to_multiple_of=self.pad_to_multiple_of, options=self.eval_options)
 
     def val_dataloader(self) -> list[torch.utils.data.DataLoader]:

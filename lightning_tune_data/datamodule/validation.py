@@ -58,7 +58,8 @@ def validated_managers(
     if cache_verify not in VERIFY_MODES:
         raise ValueError(
             f"TextDataModule.cache_verify: {cache_verify!r} is not {_either(VERIFY_MODES)}. Use 'checksum' "
-            "(hash every cache file when it is reused) or 'size' (compare file sizes only)."
+            "(hash a cache file again only when it changed since it was verified), 'full' (hash every file "
+            "whenever the cache is reused) or 'size' (compare file sizes only)."
         )
     if isinstance(dataset_managers, dict):
         dataset_managers = {split: named_managers(split, managers) for split, managers in dataset_managers.items()}

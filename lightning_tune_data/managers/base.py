@@ -17,11 +17,13 @@ import datasets
 from lightning_tune_data.cache.checksums import VerifyMode
 from lightning_tune_data.cache.fingerprints import fingerprint as fingerprint_of
 from lightning_tune_data.cache.layout import safe_name
+from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.managers.cache_build import CacheBuild
 from lightning_tune_data.managers.input_files import InputFiles
 from lightning_tune_data.managers.options import SourceOptions
 from lightning_tune_data.managers.preprocessing import Preprocessing
 from lightning_tune_data.managers.source_cache import SourceCache
+from lightning_tune_data.managers.task_inputs import task_part
 from lightning_tune_data.tokenizers import Tokenizer
 from lightning_tune_data.version import __version__
 
@@ -137,11 +139,11 @@ class SourceManager(ABC):
         """Folder-name prefix of this source's caches: the source name, else the data's name."""
         return safe_name(self.source_name) if self.source_name else self._cache_stem()
 
-    def _cache(self, cache_dir: str | Path, source_fingerprint: str) -> SourceCache:
+    def _cache(self, cache_dir: str | Path | StoreRoot, source_fingerprint: str) -> SourceCache:
         return SourceCache(cache_dir, self.cache_key(), source_fingerprint, type(self).__name__,
                            self.source_description)
 
-    def cache_dir_for(self, tokenizer: Tokenizer, cache_dir: str | Path) -> Path:
+    def cache_dir_for(self, tokenizer: Tokenizer, cache_dir: str | Path | StoreRoot) -> Path:
         """Directory of this source's cache: ``cache_dir/<source name>-<fingerprint[:16]>``.
 
         A complete cache with the same fingerprint under another name (e.g. built before the
@@ -151,7 +153,8 @@ class SourceManager(ABC):
             tokenizer: The tokenizer (part of the fingerprint).
             cache_dir: The root cache directory.
         """
-        return self._cache(cache_dir, self.fingerprint(tokenizer, cache_dir)).folder()
+        root = StoreRoot.of(cache_dir)
+        return self._cache(root, self.fingerprint(tokenizer, root.local_dir)).folder()
 
     # ---------------------------------------------------------------------------- lifecycle
 
@@ -160,8 +163,10 @@ class SourceManager(ABC):
         """The data files that are local paths (remote URLs and hub files are left out)."""
 
     @abstractmethod
-    def _load(self, cache_dir: str | Path, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:
-        """Load the raw source (``streaming``: as a ``datasets.IterableDataset``)."""
+    def _load(self, cache_dir: str | Path, streaming: bool,
+              data_files: list[str] | None = None) -> datasets.Dataset | datasets.IterableDataset:
+        """Load the raw source (``streaming``: as a ``datasets.IterableDataset``; ``data_files``:
+        only these of its files)."""
 
     def input_files(self) -> InputFiles:
         """The source's local data files, for checks and error messages."""
@@ -171,53 +176,90 @@ class SourceManager(ABC):
         """The source's preprocessing, naming the source as it is described now."""
         return Preprocessing(self.options, self.source_description)
 
-    def prepare_data(
-        self, tokenizer: Tokenizer, cache_dir: str | Path, cache_verify: VerifyMode = "checksum"
-    ) -> Path | None:
-        """Download, preprocess and cache this source (once per node); reuse a valid cache.
+    def _task_files(self) -> list[str] | None:
+        """The data files a multi-task build may split by (whole files per task), or ``None``."""
+        return None
 
-        A reused cache is checked first: with ``cache_verify="checksum"`` every file is hashed
-        and compared with the checksum recorded when it was written (a corrupt cache is rebuilt
-        with a warning naming the file); ``"size"`` compares file sizes only. Reuse needs no
-        write access; a build in a directory that cannot be written fails naming it.
+    def load_task(self, cache_dir: str | Path | StoreRoot, task_index: int, num_tasks: int) -> tuple[Any, dict[str, Any]]:
+        """Load task ``task_index`` of ``num_tasks``'s part of the raw source (see
+        :mod:`lightning_tune_data.managers.task_inputs`).
 
         Args:
-            tokenizer: Tokenizer passed to the preprocess function (and keyed into the cache).
-            cache_dir: Root cache directory; ``datasets``' own download cache lives inside it.
-            cache_verify: ``"checksum"`` (default) or ``"size"``.
+            cache_dir: The cache root (``datasets``' conversions live in its node-local folder).
+            task_index, num_tasks: The task.
 
         Returns:
-            The cache directory, or ``None`` for streaming sources (nothing is cached).
+            ``(the part's rows, a description of the part)``.
+        """
+        local_dir = StoreRoot.of(cache_dir).local_dir
+        return task_part(self._task_files(), task_index, num_tasks,
+                         lambda files: self._load(local_dir, streaming=False, data_files=files))
+
+    def store_task(
+        self, tokenizer: Tokenizer, cache_dir: str | Path | StoreRoot, task_index: int = 0, num_tasks: int = 1
+    ) -> tuple[SourceCache, CacheBuild, dict[str, Any]]:
+        """The store of this source, the build of one task of it, and what the store is built from.
+
+        Args:
+            tokenizer: Tokenizer passed to the preprocess function (and keyed into the store).
+            cache_dir: The cache root.
+            task_index, num_tasks: The task.
+        """
+        root = StoreRoot.of(cache_dir)
+        parts = self.fingerprint_parts(tokenizer, root.local_dir)
+        cache = self._cache(root, fingerprint_of(parts))
+        inputs = {"source_key": cache.key, "source_name": self.source_name,
+                  "package_version": __version__, "parts": parts}
+        build = CacheBuild(lambda: self.load_task(root, task_index, num_tasks), self.preprocessing(),
+                           self.input_files, tokenizer, cache.fingerprint, task_index, num_tasks, root.shard_bytes)
+        return cache, build, inputs
+
+    def prepare_data(
+        self, tokenizer: Tokenizer, cache_dir: str | Path | StoreRoot, cache_verify: VerifyMode = "checksum"
+    ) -> Path | None:
+        """Download, preprocess and store this source (once per node); reuse a committed store.
+
+        A reused local store is checked first: with ``cache_verify="checksum"`` every file whose
+        size, modification time or inode changed since it was last verified is hashed again and
+        compared with the checksum recorded when it was written (a corrupt store is rebuilt with a
+        warning naming the file); ``"full"`` hashes every file; ``"size"`` compares sizes only.
+        With a remote ``cache_dir`` (``s3://...``), a committed store is downloaded to this node
+        (verified) or, when there is none, built here and uploaded. Reuse needs no write access;
+        a build in a directory that cannot be written fails naming it.
+
+        Args:
+            tokenizer: Tokenizer passed to the preprocess function (and keyed into the store).
+            cache_dir: Root cache directory (local path, URL or :class:`StoreRoot`).
+            cache_verify: ``"checksum"`` (default), ``"full"`` or ``"size"``.
+
+        Returns:
+            This node's store folder, or ``None`` for streaming sources (nothing is stored).
         """
         if self.streaming:
             return None
-        parts = self.fingerprint_parts(tokenizer, cache_dir)
-        cache = self._cache(cache_dir, fingerprint_of(parts))
-        inputs = {"source_key": cache.key, "source_name": self.source_name,
-                  "package_version": __version__, "parts": parts}
-        fill = CacheBuild(lambda: self._load(cache_dir, streaming=False), self.preprocessing(), self.input_files,
-                          tokenizer, cache.fingerprint)
-        return cache.build(fill, inputs, cache_verify)
+        cache, build, inputs = self.store_task(tokenizer, cache_dir)
+        return cache.build(build, inputs, cache_verify)
 
     def setup(
-        self, tokenizer: Tokenizer, cache_dir: str | Path
+        self, tokenizer: Tokenizer, cache_dir: str | Path | StoreRoot
     ) -> datasets.Dataset | datasets.IterableDataset:
         """Load this source on the current rank.
 
         Args:
-            tokenizer: The tokenizer used by ``prepare_data`` (its identity selects the cache).
+            tokenizer: The tokenizer used by ``prepare_data`` (its identity selects the store).
             cache_dir: Root cache directory given to ``prepare_data``.
 
         Returns:
-            The memory-mapped cached ``datasets.Dataset`` (columns ``input_ids`` [+ ``loss_mask``]),
+            The memory-mapped ``datasets.Dataset`` (columns ``input_ids`` [+ ``loss_mask``]),
             or for ``streaming=True`` a ``datasets.IterableDataset`` tokenized lazily.
 
         Raises:
-            CacheMissingError: No valid cache for this configuration: run ``prepare_data`` first.
+            CacheMissingError: No committed store for this configuration: run ``prepare_data`` first.
         """
+        root = StoreRoot.of(cache_dir)
         if self.streaming:
-            return self.preprocessing().tokenize_stream(self._load(cache_dir, streaming=True), tokenizer)
-        return self._cache(cache_dir, self.fingerprint(tokenizer, cache_dir)).open()
+            return self.preprocessing().tokenize_stream(self._load(root.local_dir, streaming=True), tokenizer)
+        return self._cache(root, self.fingerprint(tokenizer, root.local_dir)).open()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._source_label()}, weight={self.weight}, stages={self.stages})"

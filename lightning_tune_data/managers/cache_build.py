@@ -1,5 +1,5 @@
-"""What a source's cache build does inside its temporary folder: load the raw data, preprocess
-it, check that every token id fits the tokenizer, and save it with its manifest.
+"""What a source's cache build does inside its folder: load (its task's part of) the raw data,
+preprocess it, check that every token id fits the tokenizer, and write the shards of the store.
 
 The folder itself (its lock, checksums, marker and the rename into place) is
 :func:`lightning_tune_data.cache.store.build_cache_atomically`'s; this is the ``build`` it calls.
@@ -18,14 +18,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lightning_tune_data.cache.saved_dataset import save_dataset
+from lightning_tune_data.cache.root import DEFAULT_SHARD_BYTES
+from lightning_tune_data.cache.shards import write_shards
+from lightning_tune_data.cache.tasks import TASK_FOLDER, TaskManifest, done_marker_path, task_manifest_path, task_name
 from lightning_tune_data.keys import INPUT_IDS
 from lightning_tune_data.managers.input_files import InputFiles
 from lightning_tune_data.managers.preprocessing import Preprocessing
 from lightning_tune_data.preprocess import PreprocessError
 from lightning_tune_data.tokenizers import Tokenizer
 
-__all__ = ["CacheBuild", "check_token_ids", "progress_bars_off"]
+__all__ = ["CacheBuild", "arrow_table", "check_token_ids", "progress_bars_off"]
 
 
 @contextlib.contextmanager
@@ -74,55 +76,83 @@ def check_token_ids(dataset: datasets.Dataset, vocab_size: int, tokenizer: Any, 
 
 
 class CacheBuild:
-    """Fills a build's temporary folder with one source's preprocessed data.
+    """Fills a folder with one task's part of a source's token store.
+
+    The task reads its part of the inputs, preprocesses it, checks the token ids and writes its
+    shards, then its task manifest and its done-marker (see :mod:`lightning_tune_data.cache.tasks`).
+    With one task (``prepare_data``), the part is the whole source.
 
     Args:
-        load: Loads the raw dataset (not streaming).
+        load: Loads the task's part of the raw dataset (not streaming); returns it and a
+            description of the part (recorded in the task manifest).
         preprocessing: The source's preprocessing.
         input_files: Lists the source's local files when the build runs (empty ones are warned
             about; they name problems in the data).
         tokenizer: Passed to the preprocess function; its ``vocab_size`` bounds the token ids.
-        fingerprint: The cache's fingerprint.
+        fingerprint: The store's fingerprint.
+        task_index, num_tasks: Which task this is.
+        shard_bytes: A shard is closed once it holds about this many bytes.
     """
 
     def __init__(
         self,
-        load: Callable[[], datasets.Dataset],
+        load: Callable[[], tuple[datasets.Dataset, dict[str, Any]]],
         preprocessing: Preprocessing,
         input_files: Callable[[], InputFiles],
         tokenizer: Tokenizer,
         fingerprint: str,
+        task_index: int = 0,
+        num_tasks: int = 1,
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
     ) -> None:
         self.load = load
         self.preprocessing = preprocessing
         self.input_files = input_files
         self.tokenizer = tokenizer
         self.fingerprint = fingerprint
+        self.task_index = task_index
+        self.num_tasks = num_tasks
+        self.shard_bytes = shard_bytes
 
-    def __call__(self, temp_dir: Path) -> None:
-        """Fill ``temp_dir``.
+    def __call__(self, temp_dir: Path) -> TaskManifest:
+        """Fill ``temp_dir`` with the task's shards, manifest and done-marker.
 
         Raises:
-            PreprocessError: Preprocessing failed, a token id is out of the vocabulary, or no
-                rows are left.
+            PreprocessError: Preprocessing failed, a token id is out of the vocabulary, or (with
+                one task) no rows are left.
         """
         description = self.preprocessing.description
         input_files = self.input_files()
-        input_files.warn_empty(description)
+        if self.task_index == 0:
+            input_files.warn_empty(description)
         with progress_bars_off():  # one bar per source: the tokenization's
-            dataset = self.load()
+            dataset, part = self.load()
         work_dir = temp_dir / "_work"
         processed, skipped_rows = self.preprocessing.tokenize(
             dataset, self.tokenizer, work_dir, self.fingerprint, input_files
         )
         check_token_ids(processed, self.tokenizer.vocab_size, self.tokenizer, description)
-        if len(processed) == 0:  # (datasets cannot even reopen a saved 0-row dataset)
+        if len(processed) == 0 and self.num_tasks == 1:
             raise PreprocessError(
                 f"{description}: no rows left after preprocessing ({len(dataset)} rows read, "
                 f"{skipped_rows} skipped as failed). Check the data files and what "
                 f"preprocess_function {self.preprocessing.options.preprocess_label()} filters out."
             )
-        with progress_bars_off():
-            save_dataset(temp_dir, processed, skipped_rows)
-        del processed, dataset
+        table = arrow_table(processed)
+        name = task_name(self.task_index, self.num_tasks)
+        shards = write_shards(table, temp_dir, name, self.shard_bytes)
+        manifest = TaskManifest(self.fingerprint, self.task_index, self.num_tasks, part,
+                                list(table.column_names), len(dataset), skipped_rows, shards)
+        del processed, dataset, table
         shutil.rmtree(work_dir, ignore_errors=True)
+        (temp_dir / TASK_FOLDER).mkdir(exist_ok=True)
+        (temp_dir / task_manifest_path(self.task_index, self.num_tasks)).write_bytes(manifest.encoded())
+        (temp_dir / done_marker_path(self.task_index, self.num_tasks)).write_bytes(manifest.done_marker())
+        return manifest
+
+
+def arrow_table(dataset: datasets.Dataset) -> pa.Table:
+    """The rows of a ``datasets.Dataset`` as one Arrow table (an indices mapping applied)."""
+    if getattr(dataset, "_indices", None) is not None:
+        dataset = dataset.flatten_indices()
+    return dataset.data.table

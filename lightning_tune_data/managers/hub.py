@@ -196,10 +196,13 @@ class DatasetManager(SourceManager):
             return str(Path(cache_dir) / DOWNLOAD_FOLDER)
         return None
 
-    def _load(self, cache_dir: str | Path, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:
+    def _load(self, cache_dir: str | Path, streaming: bool,
+              data_files: list[str] | None = None) -> datasets.Dataset | datasets.IterableDataset:
         kwargs: dict[str, Any] = dict(self.options.load_kwargs)
         kwargs.setdefault("cache_dir", self._download_cache_dir(cache_dir))
-        if self._load_data_files() is not None:
+        if data_files is not None:
+            kwargs["data_files"] = {self.split: list(data_files)}
+        elif self._load_data_files() is not None:
             kwargs["data_files"] = self._load_data_files()
         if not streaming and self.options.num_proc is not None:
             kwargs.setdefault("num_proc", self.options.num_proc)

@@ -215,8 +215,11 @@ class LocalDatasetManager(DatasetManager):
             spec["skip_blank_lines"] = True
         return spec
 
-    def _load(self, cache_dir: str | Path, streaming: bool) -> Any:
-        dataset = super()._load(cache_dir, streaming)
+    def _task_files(self) -> list[str] | None:
+        return list(self.data_files)
+
+    def _load(self, cache_dir: str | Path, streaming: bool, data_files: list[str] | None = None) -> Any:
+        dataset = super()._load(cache_dir, streaming, data_files)
         if self.skip_blank_lines:
             dataset = dataset.filter(lambda row: bool(row["text"].strip()))
         return dataset

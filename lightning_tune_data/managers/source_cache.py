@@ -1,14 +1,15 @@
-"""One source's cache under a cache root: found by its fingerprint, built once per node, opened on
-every rank.
+"""One source's token store under a cache root: found by its fingerprint, built once (by
+``prepare_data``, or by the tasks of ``lightning-tune-data prepare``), opened on every rank.
 
-Where the folder is, how it is built atomically and how its files are checked is
+A local root is used in place. A remote root (``s3://...``) holds the committed store; each node
+reads a verified local copy, downloaded once (:mod:`lightning_tune_data.cache.mirror`).
+Where folders are, how they are built atomically and how files are checked is
 :mod:`lightning_tune_data.cache`'s business; this object asks it, for one fingerprint, and words
-what it finds for the source (a missing or corrupt cache names the source and the fix).
+what it finds for the source (a missing, unfinished or corrupt store names the source and the fix).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,29 +18,54 @@ import datasets
 
 from lightning_tune_data.cache.checksums import VerifyMode
 from lightning_tune_data.cache.layout import cache_folder, find_cache, other_caches
-from lightning_tune_data.cache.marker import is_valid_cache
+from lightning_tune_data.cache.marker import COMPLETE_MARKER, is_valid_cache, marker_matches, read_cache_metadata
+from lightning_tune_data.cache.mirror import download_store, upload_store
 from lightning_tune_data.cache.records import rebuild_reason
-from lightning_tune_data.cache.saved_dataset import open_dataset
+from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.store import build_cache_atomically
+from lightning_tune_data.cache.store_files import StoreFiles
+from lightning_tune_data.cache.store_reader import open_store
+from lightning_tune_data.cache.tasks import (
+    StoreNotCommittedError,
+    TaskManifest,
+    commit_store,
+    describe_tasks,
+    files_section,
+    store_section,
+    task_manifest_path,
+    task_progress,
+)
 from lightning_tune_data.managers.errors import CacheMissingError
 
 __all__ = ["SourceCache"]
 
 
+def describe_single_task(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The files and store sections of a store written by one task (``prepare_data``)."""
+    manifest = TaskManifest.from_json(read_json(folder / task_manifest_path(0, 1)))
+    return files_section([manifest]), store_section([manifest])
+
+
+def read_json(path: Path) -> Any:
+    """A local JSON file's content."""
+    import json
+
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
 class SourceCache:
-    """The cache of one source configuration.
+    """The token store of one source configuration.
 
     Args:
-        root: The cache root (``cache_dir``).
-        key: The folder-name prefix of the source's caches (its name, made folder-safe).
+        root: The cache root (``cache_dir``: a local path, a URL or a :class:`StoreRoot`).
+        key: The folder-name prefix of the source's stores (its name, made folder-safe).
         fingerprint: The configuration's fingerprint.
-        manager: The manager's class name (recorded in, and required of, the cache's marker).
+        manager: The manager's class name (recorded in, and required of, the store's commit).
         description: Names the source in messages.
     """
 
-    def __init__(self, root: str | os.PathLike[str], key: str, fingerprint: str, manager: str,
-                 description: str) -> None:
-        self.root = root
+    def __init__(self, root: Any, key: str, fingerprint: str, manager: str, description: str) -> None:
+        self.root = StoreRoot.of(root)
         self.key = key
         self.fingerprint = fingerprint
         self.manager = manager
@@ -47,57 +73,127 @@ class SourceCache:
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """What the cache's marker must hold for the cache to be this configuration's."""
+        """What the store's commit must hold for the store to be this configuration's."""
         return {"fingerprint": self.fingerprint, "manager": self.manager}
 
     def folder(self) -> Path:
-        """The complete cache of this fingerprint under any name (e.g. built before the source was
-        renamed), else the folder a build creates: ``<root>/<key>-<fingerprint[:16]>``."""
-        found = find_cache(self.root, self.fingerprint, self.metadata)
-        return found if found is not None else cache_folder(self.root, self.key, self.fingerprint)
+        """The local folder of this fingerprint's store: a complete one under any name (e.g.
+        built before the source was renamed), else ``<local root>/<key>-<fingerprint[:16]>``."""
+        found = find_cache(self.root.local_dir, self.fingerprint, self.metadata)
+        return found if found is not None else cache_folder(self.root.local_dir, self.key, self.fingerprint)
 
-    def build(self, fill: Callable[[Path], None], inputs: Mapping[str, Any], verify_mode: VerifyMode) -> Path:
-        """Reuse the complete cache (after checking its files) or build it with ``fill``.
+    def files(self) -> StoreFiles:
+        """The store folder on the root's filesystem (remote or local)."""
+        name = self.folder().name if not self.root.is_remote else cache_folder("", self.key, self.fingerprint).name
+        return StoreFiles(self.root, name)
 
-        Args:
-            fill: Fills the build's temporary folder.
-            inputs: What the cache is built from, recorded in its marker.
-            verify_mode: How a reused cache's files are checked: ``"checksum"`` or ``"size"``.
+    def committed(self, files: StoreFiles) -> dict[str, Any] | None:
+        """The store's commit when it is committed for this configuration, else ``None``."""
+        content = files.read_json(COMPLETE_MARKER)
+        return content if marker_matches(content, self.metadata) else None
 
-        Returns:
-            The cache folder.
-        """
-        final_dir = self.folder()
-        return build_cache_atomically(
-            final_dir, fill, self.metadata, verify=lambda folder: open_dataset(folder)[1],
-            verify_mode=verify_mode, inputs=inputs, description=self.description,
-            build_reason=lambda: rebuild_reason(self.root, inputs, final_dir),
-        )
-
-    def open(self) -> datasets.Dataset:
-        """Memory-map the complete cache (this never builds it).
+    def finish_tasks(self, files: StoreFiles, inputs: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Commit a store that tasks wrote completely; ``None`` when no task wrote anything.
 
         Raises:
-            CacheMissingError: There is no complete cache of this configuration, or it is corrupt.
+            StoreNotCommittedError: Tasks wrote part of it and some have not finished.
+        """
+        progress = task_progress(files)
+        if not progress:
+            return None
+        for num_tasks, done in sorted(progress.items()):
+            if len(done) == num_tasks:
+                return commit_store(files, num_tasks, self.fingerprint, self.metadata, inputs, self.description)
+        num_tasks, done = max(progress.items(), key=lambda item: len(item[1]))
+        missing = [index for index in range(num_tasks) if index not in done]
+        raise StoreNotCommittedError(
+            f"{self.description}: the store at {files.url()} is not committed: "
+            f"{describe_tasks(missing, num_tasks)} of {num_tasks} have not finished. Run them "
+            f"(lightning-tune-data prepare --config <config> --task-index I --num-tasks {num_tasks}), or "
+            f"remove the store to start over (lightning-tune-data cache clean --cache-dir {self.root.url} --all)."
+        )
+
+    def build(self, fill: Callable[[Path], Any], inputs: Mapping[str, Any], verify_mode: VerifyMode) -> Path:
+        """Reuse the committed store (after checking its files) or build it with ``fill``.
+
+        Args:
+            fill: Writes one task's store into a folder (``prepare_data``: the only task).
+            inputs: What the store is built from, recorded in its commit.
+            verify_mode: How a reused local store's files are checked.
+
+        Returns:
+            The local store folder (for a remote root: this node's verified copy).
+        """
+        if self.root.is_remote:
+            return self._build_remote(fill, inputs, verify_mode)
+        final_dir = self.folder()
+        if not is_valid_cache(final_dir, self.metadata) and (final_dir / "tasks").is_dir():
+            self.finish_tasks(StoreFiles(self.root, final_dir.name), inputs)
+        return build_cache_atomically(
+            final_dir, fill, self.metadata, verify=lambda folder: open_store(folder)[1],
+            verify_mode=verify_mode, inputs=inputs, description=self.description,
+            build_reason=lambda: rebuild_reason(self.root.local_dir, inputs, final_dir),
+            describe=describe_single_task,
+        )
+
+    def _build_remote(self, fill: Callable[[Path], Any], inputs: Mapping[str, Any], verify_mode: VerifyMode) -> Path:
+        files = self.files()
+        content = self.committed(files) or self.finish_tasks(files, inputs)
+        if content is not None:
+            return download_store(files, content, self.folder(), self.description)
+        local = build_cache_atomically(
+            self.folder(), fill, self.metadata, verify=lambda folder: open_store(folder)[1],
+            verify_mode=verify_mode, inputs=inputs, description=self.description,
+            build_reason=lambda: f"the store at {files.url()} does not exist yet", describe=describe_single_task,
+        )
+        if self.committed(files) is None:
+            upload_store(local, files, self.description)
+        return local
+
+    def local_store(self) -> Path:
+        """This node's committed copy of the store (downloaded first for a remote root).
+
+        Raises:
+            CacheMissingError: There is no committed store of this configuration.
         """
         final_dir = self.folder()
-        if not is_valid_cache(final_dir, self.metadata):
-            others = other_caches(self.root, self.key)
+        if is_valid_cache(final_dir, self.metadata):
+            return final_dir
+        files = self.files()
+        content = self.committed(files)
+        if content is None and self.root.is_remote:
+            content = self.finish_tasks(files, {})
+        elif content is None and (final_dir / "tasks").is_dir():
+            self.finish_tasks(files, {})  # names the unfinished tasks
+        if content is None:
+            others = other_caches(self.root.local_dir, self.key)
             hint = (
                 f" Caches of other configurations of this source exist ({others}); the tokenizer, "
                 f"preprocessing, data files or package version differ from when they were built."
-                if others
-                else ""
+                if others else ""
             )
             raise CacheMissingError(
-                f"{self.description}: no valid preprocessed cache at {final_dir}. Run "
+                f"{self.description}: no valid preprocessed cache at {files.url()}. Run "
                 f"prepare_data first (TextDataModule.prepare_data / the Trainer does this on local "
-                f"rank 0 before setup) with the same tokenizer and cache_dir.{hint}"
+                f"rank 0 before setup) or lightning-tune-data prepare, with the same tokenizer and "
+                f"cache_dir.{hint}"
             )
-        dataset, problem = open_dataset(final_dir)
+        if self.root.is_remote:
+            return download_store(files, content, final_dir, self.description)
+        return final_dir
+
+    def open(self) -> datasets.Dataset:
+        """Memory-map the committed store (this never builds it; a remote one is downloaded to
+        this node first).
+
+        Raises:
+            CacheMissingError: There is no committed store of this configuration, or it is corrupt.
+        """
+        folder = self.local_store()
+        dataset, problem = open_store(folder, read_cache_metadata(folder))
         if problem is not None:
             raise CacheMissingError(
-                f"{self.description}: the preprocessed cache at {final_dir} is corrupt "
+                f"{self.description}: the preprocessed cache at {folder} is corrupt "
                 f"({problem}). Run prepare_data again: it removes the corrupt cache with a warning "
                 f"and rebuilds it."
             )

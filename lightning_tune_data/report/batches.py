@@ -38,11 +38,11 @@ __all__ = ["BatchReport", "PREVIEW_KEYS", "collect", "datamodule_from_config"]
 PREVIEW_KEYS = (INPUT_IDS, LABELS, DOCUMENT_IDS, ATTENTION_MASK)
 
 
-def datamodule_from_config(config: str | Path, cache_dir: str | None = None) -> TextDataModule:
+def datamodule_from_config(config: str | Path | Mapping[str, Any], cache_dir: str | None = None) -> TextDataModule:
     """The ``TextDataModule`` a fit with ``config`` would use (only its ``data:`` section is read).
 
     Args:
-        config: a ``lightning-tune-data fit`` YAML config.
+        config: a ``lightning-tune-data fit`` YAML config (path), or such a config as a mapping.
         cache_dir: overrides ``data.cache_dir``.
 
     Raises:
@@ -50,8 +50,8 @@ def datamodule_from_config(config: str | Path, cache_dir: str | None = None) -> 
     """
     from lightning.pytorch.cli import LightningArgumentParser
 
-    text = Path(config).read_text(encoding="utf-8")
-    data = (yaml.safe_load(text) or {}).get("data")
+    loaded = config if isinstance(config, Mapping) else yaml.safe_load(Path(config).read_text(encoding="utf-8"))
+    data = (loaded or {}).get("data")
     if not isinstance(data, Mapping):
         raise ValueError(f"{config}: no 'data:' section; the report reads the datamodule configured under data:.")
     data = dict(data)

@@ -77,7 +77,7 @@ def test_a_bit_flipped_in_a_cache_file_is_found_by_prepare_data_and_rebuilt_with
     data, cache_dir = write_jsonl(tmp_path / "a.jsonl", TEXTS), tmp_path / "cache"
     dm = datamodule(data, cache_dir)
     dm.prepare_data()
-    arrow = next((notes(dm).cache_dir_for(TOKENIZER, cache_dir) / "dataset").glob("*.arrow"))
+    arrow = next((notes(dm).cache_dir_for(TOKENIZER, cache_dir) / "shards").rglob("*.arrow"))
     size = arrow.stat().st_size
     flip_middle_bit(arrow)  # same size: the sizes in the manifest cannot see it
     assert arrow.stat().st_size == size and cached_texts(dm, cache_dir) != TEXTS
@@ -93,7 +93,7 @@ def test_size_only_checks_are_a_datamodule_switch_that_skips_hashing(tmp_path, c
     datamodule(data, cache_dir).prepare_data()
     datamodule(data, cache_dir, cache_verify="size").prepare_data()
     assert "sizes checked" in cache_log()[-1]
-    with pytest.raises(ValueError, match=r"TextDataModule.cache_verify: 'fast' is not 'checksum' or 'size'"):
+    with pytest.raises(ValueError, match=r"TextDataModule.cache_verify: 'fast' is not 'checksum' or 'size' or 'full'"):
         datamodule(data, cache_dir, cache_verify="fast")
 
 

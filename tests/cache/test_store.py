@@ -204,7 +204,7 @@ def test_size_only_verification_reuses_a_same_size_corruption_but_catches_trunca
 def test_an_unknown_verification_mode_is_rejected(tmp_path: Path) -> None:
     final = tmp_path / "src-1"
     build_cache_atomically(final, _build_blob, {"fp": "1"})
-    with pytest.raises(ValueError, match=r"'fast' is not one of \('checksum', 'size'\)"):
+    with pytest.raises(ValueError, match=r"'fast' is not one of \('checksum', 'size', 'full'\)"):
         build_cache_atomically(final, _build_blob, {"fp": "1"}, verify_mode="fast")
 
 

@@ -70,8 +70,9 @@ def test_weights_that_sum_to_zero_are_an_error(corpus_dir):
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"cache_verify": "md5"}, "TextDataModule.cache_verify: 'md5' is not 'checksum' or 'size'. Use 'checksum' "
-                                  "(hash every cache file when it is reused) or 'size' (compare file sizes only)."),
+        ({"cache_verify": "md5"}, "TextDataModule.cache_verify: 'md5' is not 'checksum' or 'size' or 'full'. Use 'checksum' "
+                                  "(hash a cache file again only when it changed since it was verified), 'full' "
+                                  "(hash every file whenever the cache is reused) or 'size' (compare file sizes only)."),
         ({"overlong": "keep"}, "TextDataModule.overlong: unknown policy 'keep'. Use 'truncate' or 'drop'."),
         ({"mix_by": "bytes"}, "TextDataModule.mix_by: unknown value 'bytes'. Use one of ['documents', 'tokens']."),
         ({"packing": "tetris"}, "TextDataModule.packing: unknown strategy 'tetris'. Use null or one of "
@@ -133,5 +134,5 @@ def test_the_cache_check_comes_before_the_names_of_the_list_form(corpus_dir):
 def test_the_datamodule_checks_its_values_at_construction_with_the_same_messages(corpus_dir):
     with pytest.raises(ValueError, match=r"^TextDataModule.overlong: unknown policy 'keep'\. Use 'truncate' or 'drop'\.$"):
         TextDataModule(dataset_managers=managers(corpus_dir), overlong="keep")
-    with pytest.raises(ValueError, match=r"^TextDataModule.cache_verify: 'md5' is not 'checksum' or 'size'\."):
+    with pytest.raises(ValueError, match=r"^TextDataModule.cache_verify: 'md5' is not 'checksum' or 'size' or 'full'\."):
         TextDataModule(dataset_managers=managers(corpus_dir), cache_verify="md5")

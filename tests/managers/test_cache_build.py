@@ -9,6 +9,7 @@ import datasets
 import pytest
 from source_files import TEXTS, TOK, expected_ids
 
+from lightning_tune_data.cache.shards import open_shards
 from lightning_tune_data.managers.cache_build import CacheBuild, check_token_ids, progress_bars_off
 from lightning_tune_data.managers.input_files import InputFiles
 from lightning_tune_data.managers.options import SourceOptions
@@ -24,16 +25,22 @@ def keep_long_texts(examples: dict[str, list], tokenizer, min_length: int = 0) -
 def build(min_length: int = 0) -> CacheBuild:
     options = SourceOptions(preprocess_function=keep_long_texts, preprocess_kwargs={"min_length": min_length})
     raw = datasets.Dataset.from_dict({"text": TEXTS})
-    return CacheBuild(lambda: raw, Preprocessing(options, "source 'notes'"), lambda: InputFiles([], None, {}),
+    return CacheBuild(lambda: (raw, {"part": "all"}), Preprocessing(options, "source 'notes'"), lambda: InputFiles([], None, {}),
                       TOK, "f" * 64)
 
 
-def test_a_build_fills_the_folder_with_the_dataset_and_its_manifest_and_removes_its_work(tmp_path: Path) -> None:
-    build()(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["_manifest.json", "dataset"]
-    manifest = json.loads((tmp_path / "_manifest.json").read_text())
-    assert (manifest["num_rows"], manifest["skipped_rows"]) == (len(TEXTS), 0)
-    saved = datasets.Dataset.load_from_disk(str(tmp_path / "dataset"))
+def test_a_build_fills_the_folder_with_its_shards_task_manifest_and_done_marker_and_removes_its_work(
+    tmp_path: Path,
+) -> None:
+    manifest = build()(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards", "tasks"]
+    assert sorted(p.name for p in (tmp_path / "tasks").iterdir()) == ["task-00000-of-00001.done",
+                                                                      "task-00000-of-00001.json"]
+    written = json.loads((tmp_path / "tasks" / "task-00000-of-00001.json").read_text())
+    assert (written["rows_read"], written["skipped_rows"], written["columns"]) == (len(TEXTS), 0, ["input_ids"])
+    assert written == manifest.as_json()
+    assert sum(shard.tokens for shard in manifest.shards) == sum(len(expected_ids(t)) for t in TEXTS)
+    saved = open_shards(tmp_path, [shard.path for shard in manifest.shards])
     assert saved.column_names == ["input_ids"] and saved["input_ids"] == [expected_ids(t) for t in TEXTS]
 
 

@@ -253,6 +253,8 @@ def test_a_built_cache_records_its_source_and_inputs_in_the_marker_and_manifest(
     assert marker["inputs"]["source_key"] == "notes_v1" and marker["inputs"]["source_name"] == "notes/v1"
     assert marker["inputs"]["parts"] == json.loads(json.dumps(manager.fingerprint_parts(TOK)))
     assert marker["description"] == manager.source_description
-    manifest = json.loads((built / "_manifest.json").read_text())
-    assert (manifest["num_rows"], manifest["skipped_rows"]) == (len(TEXTS), 0)
-    assert all(name.startswith("dataset/") for name in manifest["files"])
+    store = marker["store"]
+    assert (store["rows"], store["skipped_rows"], store["num_tasks"]) == (len(TEXTS), 0, 1)
+    assert [shard["path"] for shard in store["shards"]] == ["shards/task-00000-of-00001/00000.arrow"]
+    assert set(marker["files"]) == {"shards/task-00000-of-00001/00000.arrow", "tasks/task-00000-of-00001.json",
+                                    "tasks/task-00000-of-00001.done"}

@@ -8,15 +8,22 @@ from pathlib import Path
 import datasets
 import pytest
 
-from lightning_tune_data.cache.saved_dataset import save_dataset
+from lightning_tune_data.cache.shards import write_shards
+from lightning_tune_data.cache.tasks import TaskManifest, done_marker_path, task_manifest_path, task_name
 from lightning_tune_data.managers import CacheMissingError
 from lightning_tune_data.managers.source_cache import SourceCache
 
 FINGERPRINT = "0123456789abcdef" + "0" * 48
 
 
-def fill(folder: Path) -> None:
-    save_dataset(folder, datasets.Dataset.from_dict({"input_ids": [[1, 2], [3]]}), skipped_rows=0)
+def fill(folder: Path, fingerprint: str = FINGERPRINT) -> None:
+    """Write a one-task store of two rows, as prepare_data's build does."""
+    table = datasets.Dataset.from_dict({"input_ids": [[1, 2], [3]]}).data.table
+    shards = write_shards(table, folder, task_name(0, 1), 1 << 20)
+    manifest = TaskManifest(fingerprint, 0, 1, {"part": "all"}, ["input_ids"], 2, 0, shards)
+    (folder / "tasks").mkdir()
+    (folder / task_manifest_path(0, 1)).write_bytes(manifest.encoded())
+    (folder / done_marker_path(0, 1)).write_bytes(manifest.done_marker())
 
 
 def cache(root: Path, key: str = "notes", fingerprint: str = FINGERPRINT) -> SourceCache:
@@ -39,17 +46,26 @@ def test_opening_a_missing_cache_says_to_run_prepare_data_and_lists_other_config
                                                 r"first") as info:
         cache(tmp_path).open()
     assert "Caches of other configurations" not in str(info.value)
-    cache(tmp_path, fingerprint="f" * 64).build(fill, {"source_key": "notes"}, "size")
+    cache(tmp_path, fingerprint="f" * 64).build(lambda folder: fill(folder, "f" * 64), {"source_key": "notes"}, "size")
     with pytest.raises(CacheMissingError, match=r"Caches of other configurations of this source exist "
                                                 r"\(\['notes-ffffffffffffffff'\]\)"):
         cache(tmp_path).open()
 
 
-def test_opening_a_cache_whose_files_disagree_with_its_manifest_says_it_is_corrupt(tmp_path: Path) -> None:
+def test_opening_a_cache_whose_commit_disagrees_with_its_shards_says_it_is_corrupt(tmp_path: Path) -> None:
     built = cache(tmp_path).build(fill, {"source_key": "notes"}, "checksum")
-    manifest = json.loads((built / "_manifest.json").read_text())
-    manifest["num_rows"] = 5
-    (built / "_manifest.json").write_text(json.dumps(manifest))
+    commit = json.loads((built / "_COMPLETE.json").read_text())
+    commit["store"]["rows"] = 5
+    (built / "_COMPLETE.json").write_text(json.dumps(commit))
     with pytest.raises(CacheMissingError, match=r"is corrupt \(it holds 2 rows, 5 were written\)\. Run prepare_data "
                                                 r"again"):
+        cache(tmp_path).open()
+
+
+def test_opening_a_cache_with_a_truncated_shard_names_the_shard(tmp_path: Path) -> None:
+    built = cache(tmp_path).build(fill, {"source_key": "notes"}, "checksum")
+    shard = built / "shards" / "task-00000-of-00001" / "00000.arrow"
+    shard.write_bytes(shard.read_bytes()[:-8])
+    with pytest.raises(CacheMissingError, match=r"shard shards/task-00000-of-00001/00000\.arrow has \d+ bytes, \d+ "
+                                                r"were written \(truncated or overwritten\)"):
         cache(tmp_path).open()

@@ -1,0 +1,138 @@
+"""Copying whole stores between a remote root and this node: download a committed store into a
+verified local copy, upload a store built here, publish a task's shards.
+
+A download fills a temporary folder beside the local copy, checks every file's size and checksum
+as it arrives (a bad one is fetched once more, then named), writes the commit last and renames
+the folder into place, under a file lock: a node killed mid-download leaves nothing a later run
+trusts, and two processes of a node download a store once. An upload puts the shards first and
+the commit last, so a reader never sees a store that is only partly there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM, file_checksum
+from lightning_tune_data.cache.fingerprints import canonical_json
+from lightning_tune_data.cache.layout import lock_path, temporary_prefix
+from lightning_tune_data.cache.marker import COMPLETE_MARKER, marker_matches, read_cache_metadata
+from lightning_tune_data.cache.sizes import human_size
+from lightning_tune_data.cache.store_files import StoreFiles
+from lightning_tune_data.cache.tasks import TaskManifest, done_marker_path, task_manifest_path
+from lightning_tune_data.cache.verified import record_verified
+
+__all__ = ["StoreCorruptError", "download_store", "publish_task", "upload_store"]
+
+log = logging.getLogger("lightning_tune_data.cache.store")
+
+
+class StoreCorruptError(OSError):
+    """A file of a store does not match the size or checksum its commit records."""
+
+
+def _fetch_verified(files: StoreFiles, relative: str, expected: dict[str, Any], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    problem = ""
+    for _ in range(2):  # a short or damaged transfer is fetched once more before it is named
+        files.get(relative, target)
+        size = target.stat().st_size
+        if size != expected.get("size"):
+            problem = f"{size} bytes arrived, {expected.get('size')} were written"
+            continue
+        want = expected.get(CHECKSUM_ALGORITHM)
+        got = file_checksum(target) if want else None
+        if got == want:
+            return
+        problem = f"{CHECKSUM_ALGORITHM} {got} != {want} recorded when it was written"
+    raise StoreCorruptError(
+        f"{files.url(relative)} is corrupt ({problem}): its bytes in storage changed after it was written. "
+        f"Delete the store (lightning-tune-data cache clean --cache-dir {files.root.url} --all, or remove "
+        f"{files.url()}) and prepare it again."
+    )
+
+
+def download_store(files: StoreFiles, content: dict[str, Any], local_folder: Path, description: str) -> Path:
+    """A verified local copy of the committed store ``files`` (downloaded only when missing).
+
+    Args:
+        files: The remote store.
+        content: Its commit (the completion marker's content).
+        local_folder: Where this node keeps the copy.
+        description: Names the source in messages.
+
+    Returns:
+        ``local_folder``.
+
+    Raises:
+        StoreCorruptError: A file does not match its recorded checksum, twice.
+    """
+    if canonical_json(read_cache_metadata(local_folder)) == canonical_json(content):
+        return local_folder
+    local_folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(lock_path(local_folder))):
+        if canonical_json(read_cache_metadata(local_folder)) == canonical_json(content):
+            return local_folder  # another process of this node downloaded it meanwhile
+        for stale in local_folder.parent.glob(temporary_prefix(local_folder) + "*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        if local_folder.exists():
+            shutil.rmtree(local_folder)
+        temp = local_folder.parent / f"{temporary_prefix(local_folder)}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        temp.mkdir()
+        recorded = content.get("files") or {}
+        total = sum(int(entry.get("size", 0)) for entry in recorded.values())
+        log.info("%s: downloading store %s (%s, %d files) to %s", description, files.url(), human_size(total),
+                 len(recorded), local_folder)
+        try:
+            for relative, expected in sorted(recorded.items()):
+                _fetch_verified(files, relative, expected, temp / relative)
+            (temp / COMPLETE_MARKER).write_bytes(files.read_bytes(COMPLETE_MARKER) or b"")
+            if not marker_matches(read_cache_metadata(temp), content.get("metadata")):
+                raise StoreCorruptError(f"{files.url(COMPLETE_MARKER)} changed during the download; run again.")
+            os.replace(temp, local_folder)
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+    record_verified(local_folder, recorded)
+    return local_folder
+
+
+def upload_store(local_folder: Path, files: StoreFiles, description: str) -> None:
+    """Upload a complete local store: every file (those already there with the right size are
+    kept), then the commit.
+
+    Args:
+        local_folder: A complete local store.
+        files: Where it goes.
+        description: Names the source in messages.
+    """
+    content = read_cache_metadata(local_folder) or {}
+    recorded = content.get("files") or {}
+    log.info("%s: uploading store to %s (%s)", description, files.url(),
+             human_size(sum(int(e.get("size", 0)) for e in recorded.values())))
+    for relative, expected in sorted(recorded.items()):
+        if files.size(relative) != expected.get("size"):
+            files.put(local_folder / relative, relative)
+    files.put(local_folder / COMPLETE_MARKER, COMPLETE_MARKER)
+
+
+def publish_task(staging: Path, files: StoreFiles, manifest: TaskManifest) -> None:
+    """Move a task's output from its local staging folder into the store: shards, then the task
+    manifest, then the done-marker.
+
+    Args:
+        staging: The folder the task was written in.
+        files: The store.
+        manifest: What the task wrote.
+    """
+    for shard in manifest.shards:
+        files.put(staging / shard.path, shard.path)
+    index, count = manifest.task_index, manifest.num_tasks
+    files.put(staging / task_manifest_path(index, count), task_manifest_path(index, count))
+    files.put(staging / done_marker_path(index, count), done_marker_path(index, count))

@@ -1,0 +1,175 @@
+"""Where a cache root lives: a local folder, or any filesystem ``fsspec`` knows (``s3://``,
+``gs://``, ``az://``, ``file://``, ...), plus the node-local folder that mirrors a remote one.
+
+A local root is used as it always was. A remote root holds the committed stores; each node keeps
+a verified copy of the stores it reads under ``local_dir`` (and ``datasets``' conversions and the
+data files' hash memo, which only make sense on one machine).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["DEFAULT_SHARD_BYTES", "StorageError", "StoreRoot", "default_local_cache_dir", "parse_size"]
+
+#: Shards are closed once they hold about this many bytes.
+DEFAULT_SHARD_BYTES = 256 << 20
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+T = TypeVar("T")
+
+
+class StorageError(OSError):
+    """Remote storage cannot be reached or used; the message names the URL and the likely fix."""
+
+
+def default_local_cache_dir() -> Path:
+    """``$LIGHTNING_TUNE_DATA_CACHE`` or ``~/.cache/lightning_tune_data``: the node-local cache."""
+    env = os.environ.get("LIGHTNING_TUNE_DATA_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "lightning_tune_data"
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from ``268435456``, ``"256MB"``, ``"256 MiB"`` or ``"1.5GB"``.
+
+    Args:
+        value: A byte count or a number with a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB).
+
+    Raises:
+        ValueError: Not a positive size.
+    """
+    if isinstance(value, int):
+        number = value
+    else:
+        text = str(value).strip().upper().replace(" ", "")
+        digits = text.rstrip("BKMGTI")
+        unit = text[len(digits):]
+        if unit not in _UNITS or not digits:
+            raise ValueError(f"{value!r} is not a size; write e.g. 268435456, '256MB' or '1GiB'.")
+        number = int(float(digits) * _UNITS[unit])
+    if number <= 0:
+        raise ValueError(f"{value!r} is not a positive size.")
+    return number
+
+
+def _is_url(text: str) -> bool:
+    return "://" in text and not text.startswith("file://")
+
+
+def _short_error(error: BaseException) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+@dataclass(frozen=True)
+class StoreRoot:
+    """A cache root and how to reach it.
+
+    Args:
+        url: A local path, or an fsspec URL such as ``s3://bucket/prefix``.
+        storage_options: Passed to the filesystem (e.g. ``{"endpoint_url": ..., "profile": ...}``).
+        local_dir: The node-local folder: for a local root, the root itself; for a remote one,
+            where this node keeps its verified copies (default :func:`default_local_cache_dir`).
+        shard_bytes: New stores close a shard once it holds about this many bytes.
+    """
+
+    url: str
+    storage_options: Mapping[str, Any] | None = None
+    local_dir: Path = field(default=None)  # type: ignore[assignment]
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+
+    def __post_init__(self) -> None:
+        url = os.fspath(self.url)
+        if url.startswith("file://"):
+            url = url[len("file://"):]
+        object.__setattr__(self, "url", url.rstrip("/") if _is_url(url) else url)
+        if self.local_dir is None:
+            local = Path(url) if not _is_url(url) else default_local_cache_dir()
+            object.__setattr__(self, "local_dir", local)
+        else:
+            object.__setattr__(self, "local_dir", Path(self.local_dir))
+
+    @classmethod
+    def of(cls, root: str | os.PathLike[str] | StoreRoot, **options: Any) -> StoreRoot:
+        """``root`` itself, or a ``StoreRoot`` for a path/URL with ``options``.
+
+        Args:
+            root: A ``StoreRoot``, a local path or an fsspec URL.
+            options: ``StoreRoot`` fields for a path/URL (ignored when ``root`` is a ``StoreRoot``).
+        """
+        if isinstance(root, StoreRoot):
+            return root
+        return cls(os.fspath(root), **{k: v for k, v in options.items() if v is not None})
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether the root is on another filesystem than this machine's."""
+        return _is_url(self.url)
+
+    def local_path(self) -> Path:
+        """The root as a local path (only for a local root)."""
+        assert not self.is_remote
+        return Path(self.url)
+
+    def filesystem(self) -> Any:
+        """The fsspec filesystem of the root (instances are cached by fsspec)."""
+        import fsspec
+
+        try:
+            fs, _ = fsspec.core.url_to_fs(self.url, **dict(self.storage_options or {}))
+        except ImportError as error:
+            protocol = self.url.split("://", 1)[0]
+            raise StorageError(
+                f"cache_dir {self.url}: no filesystem for '{protocol}://' is installed ({error}). "
+                f"Install it, e.g. pip install 'lightning-tune-data[s3]' (s3fs), '[gcs]' (gcsfs) or '[azure]' (adlfs)."
+            ) from None
+        return fs
+
+    def join(self, *parts: str) -> str:
+        """The path of ``parts`` under the root, as the filesystem names it (no protocol)."""
+        base = self.url.split("://", 1)[1] if self.is_remote else self.url
+        return "/".join([base.rstrip("/"), *parts])
+
+    def url_of(self, path: str) -> str:
+        """A filesystem path under the root as a full URL, for messages."""
+        if not self.is_remote:
+            return path
+        return f"{self.url.split('://', 1)[0]}://{path}"
+
+    def call(self, what: str, action: Callable[[], T]) -> T:
+        """Run a storage operation; turn connection and credential failures into one line.
+
+        Args:
+            what: The URL the operation is about, named in the error.
+            action: The operation.
+
+        Raises:
+            StorageError: The storage is unreachable or refuses the credentials.
+            FileNotFoundError: Passed through (callers decide what a missing object means).
+        """
+        try:
+            return action()
+        except FileNotFoundError:
+            raise
+        except StorageError:
+            raise
+        except Exception as error:  # noqa: BLE001 - botocore/aiohttp/... errors have no common base
+            raise StorageError(_storage_message(what, self, error)) from None
+
+
+def _storage_message(what: str, root: StoreRoot, error: BaseException) -> str:
+    name = type(error).__name__
+    text = str(error)
+    if "credential" in text.lower() or name in {"NoCredentialsError", "PartialCredentialsError"}:
+        fix = ("set credentials for it (environment, profile or storage_options: "
+               "{key: ..., secret: ...} / {profile: ...})")
+    elif isinstance(error, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
+        fix = "the credentials in use may not read or write there; check the bucket policy or storage_options"
+    else:
+        fix = ("check the URL, the network and storage_options (e.g. endpoint_url for an S3-compatible "
+               "server)")
+    return f"cache_dir {root.url}: cannot use {what} ({_short_error(error)}); {fix}."

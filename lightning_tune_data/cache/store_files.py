@@ -1,0 +1,151 @@
+"""The files of one store folder, on whatever filesystem its root is: read, written whole, listed.
+
+Every write is all-or-nothing as seen by a reader: on a local filesystem a file is written under a
+temporary name, fsynced and renamed; on object storage one ``PUT`` makes an object appear whole.
+A reader therefore sees a file complete or not at all, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from lightning_tune_data.cache.fingerprints import json_default
+from lightning_tune_data.cache.root import StoreRoot
+
+__all__ = ["StoreFiles"]
+
+
+class StoreFiles:
+    """One store folder (``<root>/<name>``).
+
+    Args:
+        root: The cache root.
+        name: The store folder's name (``<source key>-<fingerprint[:16]>``).
+    """
+
+    def __init__(self, root: StoreRoot, name: str) -> None:
+        self.root = root
+        self.name = name
+        self.fs = root.filesystem() if root.is_remote else None
+
+    def path(self, relative: str = "") -> str:
+        """A file's path on the root's filesystem (the folder itself for ``""``)."""
+        return self.root.join(self.name, relative) if relative else self.root.join(self.name)
+
+    def url(self, relative: str = "") -> str:
+        """A file's full URL (or local path), for messages."""
+        return self.root.url_of(self.path(relative))
+
+    def _call(self, relative: str, action: Any) -> Any:
+        return self.root.call(self.url(relative), action)
+
+    def exists(self, relative: str) -> bool:
+        """Whether the file exists."""
+        if self.fs is None:
+            return os.path.exists(self.path(relative))
+        return self._call(relative, lambda: self.fs.exists(self.path(relative)))
+
+    def size(self, relative: str) -> int | None:
+        """The file's size in bytes, ``None`` when it does not exist."""
+        if self.fs is None:
+            try:
+                return os.stat(self.path(relative)).st_size
+            except FileNotFoundError:
+                return None
+        try:
+            return int(self._call(relative, lambda: self.fs.size(self.path(relative))))
+        except FileNotFoundError:
+            return None
+
+    def read_json(self, relative: str) -> Any:
+        """The JSON content of a file; ``None`` when it is missing or not valid JSON."""
+        try:
+            if self.fs is None:
+                with open(self.path(relative), encoding="utf-8") as handle:
+                    return json.load(handle)
+            data = self._call(relative, lambda: self.fs.cat_file(self.path(relative)))
+            return json.loads(data)
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def read_bytes(self, relative: str) -> bytes | None:
+        """A file's bytes; ``None`` when it is missing."""
+        try:
+            if self.fs is None:
+                return Path(self.path(relative)).read_bytes()
+            return self._call(relative, lambda: self.fs.cat_file(self.path(relative)))
+        except FileNotFoundError:
+            return None
+
+    def write_bytes(self, relative: str, data: bytes) -> None:
+        """Write a file whole (temporary name + rename locally, one PUT remotely)."""
+        if self.fs is None:
+            target = Path(self.path(relative))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            temp = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            with open(temp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, target)
+            return
+        self._call(relative, lambda: self.fs.pipe_file(self.path(relative), data))
+
+    def write_json(self, relative: str, content: Any) -> bytes:
+        """Write ``content`` as canonical JSON (sorted keys, so equal content is equal bytes).
+
+        Returns:
+            The bytes written.
+        """
+        data = json.dumps(content, sort_keys=True, indent=2, default=json_default).encode("utf-8")
+        self.write_bytes(relative, data)
+        return data
+
+    def put(self, local: Path, relative: str) -> None:
+        """Copy a local file into the store (whole, as :meth:`write_bytes`)."""
+        if self.fs is None:
+            target = Path(self.path(relative))
+            if target.resolve() == local.resolve():
+                return
+            target.parent.mkdir(parents=True, exist_ok=True)
+            temp = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            shutil.copyfile(local, temp)
+            with open(temp, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(temp, target)
+            return
+        self._call(relative, lambda: self.fs.put_file(str(local), self.path(relative)))
+
+    def get(self, relative: str, local: Path) -> None:
+        """Download a file to ``local`` (its folder must exist)."""
+        if self.fs is None:
+            shutil.copyfile(self.path(relative), local)
+            return
+        self._call(relative, lambda: self.fs.get_file(self.path(relative), str(local)))
+
+    def listing(self, relative: str) -> list[str]:
+        """Names of the files directly in a sub-folder (empty when it does not exist)."""
+        if self.fs is None:
+            folder = Path(self.path(relative))
+            return sorted(p.name for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+        try:
+            self.fs.invalidate_cache(self.path(relative))
+            entries = self._call(relative, lambda: self.fs.ls(self.path(relative), detail=False))
+        except FileNotFoundError:
+            return []
+        return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries)
+
+    def remove(self) -> None:
+        """Delete the whole store folder."""
+        if self.fs is None:
+            shutil.rmtree(self.path(), ignore_errors=True)
+            return
+        try:
+            self._call("", lambda: self.fs.rm(self.path(), recursive=True))
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,118 @@
+"""``lightning-tune-data prepare``: tokenize a config's sources into their stores, without training.
+
+    lightning-tune-data prepare --config cfg.yaml                          # every task here, one process
+    lightning-tune-data prepare --config cfg.yaml --engine local --workers 4
+    lightning-tune-data prepare --config cfg.yaml --task-index 3 --num-tasks 64
+    sbatch --array=0-63 examples/prepare_slurm_array.sh cfg.yaml           # SLURM_ARRAY_TASK_ID/COUNT
+    torchrun --nproc_per_node 8 -m lightning_tune_data prepare --config cfg.yaml   # RANK/WORLD_SIZE
+    lightning-tune-data prepare --config cfg.yaml --finalize
+
+Which task this process runs comes from ``--task-index``/``--num-tasks``, else a Slurm job array's
+environment, else torchrun's, else it runs every task itself (``--engine local``). The last task
+to finish commits each store; ``--finalize`` commits whatever finished (and names what did not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+from collections.abc import Mapping
+
+__all__ = ["main", "task_from_environment"]
+
+
+def task_from_environment(environ: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """``(task_index, num_tasks)`` from a Slurm job array or torchrun, ``None`` outside both.
+
+    Args:
+        environ: The environment (default ``os.environ``).
+    """
+    env = os.environ if environ is None else environ
+    if "SLURM_ARRAY_TASK_ID" in env and "SLURM_ARRAY_TASK_COUNT" in env:
+        first = int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
+        return int(env["SLURM_ARRAY_TASK_ID"]) - first, int(env["SLURM_ARRAY_TASK_COUNT"])
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return int(env["RANK"]), int(env["WORLD_SIZE"])
+    return None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lightning-tune-data prepare",
+        description="Tokenize every source of a fit config into its store (local or s3://, gs://, ...) without "
+                    "training, split into tasks any scheduler can run.",
+    )
+    parser.add_argument("--config", required=True, help="a `lightning-tune-data fit` YAML config (its data: section)")
+    parser.add_argument("--task-index", type=int, default=None, help="the task this process runs (0-based)")
+    parser.add_argument("--num-tasks", type=int, default=None,
+                        help="how many tasks split the work (the same for every task of a store)")
+    parser.add_argument("--engine", choices=["local"], default=None,
+                        help="run the tasks here: --workers processes take --num-tasks tasks (default: one each)")
+    parser.add_argument("--workers", type=int, default=1, help="processes of the local engine (default 1)")
+    parser.add_argument("--finalize", action="store_true",
+                        help="only commit the stores whose tasks all finished; name the unfinished tasks")
+    parser.add_argument("--cache-dir", default=None, help="override data.cache_dir of the config")
+    return parser
+
+
+def _run_task(arguments: tuple[str, int, int, str | None]) -> dict[str, str]:
+    from lightning_tune_data.datamodule.store_tasks import prepare_task
+
+    config, index, count, cache_dir = arguments
+    return prepare_task(config, index, count, cache_dir=cache_dir)
+
+
+def _local_engine(config: str, num_tasks: int, workers: int, cache_dir: str | None) -> None:
+    jobs = [(config, index, num_tasks, cache_dir) for index in range(num_tasks)]
+    if workers <= 1:
+        for job in jobs:
+            _report(job[1], num_tasks, _run_task(job))
+        return
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        for index, result in enumerate(pool.imap(_run_task, jobs)):
+            _report(index, num_tasks, result)
+
+
+def _report(index: int, num_tasks: int, result: Mapping[str, str]) -> None:
+    for source, status in result.items():
+        print(f"task {index} of {num_tasks}: {source}: {status}")
+
+
+def main(argv: list[str]) -> int:
+    """Parse ``argv`` and prepare; returns the exit code.
+
+    Args:
+        argv: The command's arguments (without the program and command names).
+
+    Returns:
+        0 when the tasks ran (or the stores were committed), 1 when ``--finalize`` found
+        unfinished tasks, 2 when the config, the data or the storage is unusable (printed).
+    """
+    args = _parser().parse_args(argv)
+    from lightning_tune_data.cache.tasks import StoreNotCommittedError
+    from lightning_tune_data.datamodule.store_tasks import finalize_stores
+
+    try:
+        if args.finalize:
+            for source, status in finalize_stores(args.config, cache_dir=args.cache_dir).items():
+                print(f"{source}: {status}")
+            return 0
+        chosen = (args.task_index, args.num_tasks) if args.task_index is not None else None
+        if chosen is not None and args.num_tasks is None:
+            raise ValueError("--task-index needs --num-tasks")
+        if chosen is None and args.engine is None:
+            chosen = task_from_environment()
+        if chosen is None:
+            num_tasks = args.num_tasks or max(1, args.workers)
+            _local_engine(args.config, num_tasks, max(1, args.workers), args.cache_dir)
+        else:
+            _report(chosen[0], chosen[1], _run_task((args.config, chosen[0], chosen[1], args.cache_dir)))
+    except StoreNotCommittedError as error:
+        print(f"lightning-tune-data prepare: {error}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, RuntimeError) as error:
+        print(f"lightning-tune-data prepare: {error}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,89 @@
+"""Preparing a config's token stores without training, as tasks any scheduler can run.
+
+``prepare_task(config, i, n)`` runs task ``i`` of ``n`` of every cached source of the config (the
+same split of each source's inputs on every machine, so the tasks can run anywhere, in any order,
+any number of times); the task that finishes a store last commits it. ``finalize_stores(config)``
+commits the stores whose tasks all finished (for schedulers that run a last step). This is the
+entry point for Ray, Dask, Spark or Kubernetes jobs; ``lightning-tune-data prepare`` calls it for
+Slurm arrays, torchrun and the local engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping
+
+from typing import Any
+
+from lightning_tune_data.datamodule.module import TextDataModule
+from lightning_tune_data.datamodule.splits import SPLITS
+from lightning_tune_data.managers import UnconditionalGenerationDatasetManager
+from lightning_tune_data.managers.store_task import finalize_source_store, run_store_task
+
+__all__ = ["finalize_stores", "prepare_task", "stored_sources"]
+
+log = logging.getLogger("lightning_tune_data.managers")
+ConfigLike = str | os.PathLike[str] | Mapping[str, Any] | TextDataModule
+
+
+def _datamodule(config: ConfigLike, cache_dir: str | None) -> TextDataModule:
+    if isinstance(config, TextDataModule):
+        return config
+    from lightning_tune_data.report.batches import datamodule_from_config
+
+    return datamodule_from_config(config, cache_dir=cache_dir)
+
+
+def stored_sources(datamodule: TextDataModule) -> Iterator[tuple[str, Any]]:
+    """``("<split>/<name>", manager)`` for every source that has a token store, in config order."""
+    for split in SPLITS:
+        for name, manager in (datamodule.dataset_managers.get(split) or {}).items():
+            if not isinstance(manager, UnconditionalGenerationDatasetManager) and not manager.streaming:
+                yield f"{split}/{name}", manager
+
+
+def prepare_task(config: ConfigLike, task_index: int, num_tasks: int, cache_dir: str | None = None) -> dict[str, str]:
+    """Run task ``task_index`` of ``num_tasks`` for every stored source of ``config``.
+
+    Task ``i`` of ``n`` reads a fixed part of each source (a run of whole files, or a range of
+    rows), writes its shards and its done-marker under fixed paths of the store, and commits the
+    store when every task is done. Rerunning a finished task does nothing; rerunning a killed one
+    writes it again. The stores' rows and tokens do not depend on ``num_tasks``.
+
+    Args:
+        config: A ``lightning-tune-data fit`` YAML config (path), its ``data:`` section as a
+            mapping, or a ``TextDataModule``.
+        task_index: This task, ``0 <= task_index < num_tasks``.
+        num_tasks: How many tasks split the work (the same for every task of a store).
+        cache_dir: Overrides the config's ``data.cache_dir``.
+
+    Returns:
+        ``{"<split>/<name>": what happened}`` per source.
+    """
+    datamodule = _datamodule(config, cache_dir)
+    results: dict[str, str] = {}
+    for label, manager in stored_sources(datamodule):
+        results[label] = run_store_task(manager, datamodule.tokenizer, datamodule.store_root, task_index, num_tasks)
+        log.info("%s: task %d of %d: %s", manager.source_description, task_index, num_tasks, results[label])
+    return results
+
+
+def finalize_stores(config: ConfigLike, cache_dir: str | None = None) -> dict[str, str]:
+    """Commit every stored source of ``config`` whose tasks all finished.
+
+    Args:
+        config: As for :func:`prepare_task`.
+        cache_dir: Overrides the config's ``data.cache_dir``.
+
+    Returns:
+        ``{"<split>/<name>": "committed" | "committed before"}``.
+
+    Raises:
+        StoreNotCommittedError: A source's store has unfinished tasks (named) or none at all.
+    """
+    datamodule = _datamodule(config, cache_dir)
+    return {label: finalize_source_store(manager, datamodule.tokenizer, datamodule.store_root)
+            for label, manager in stored_sources(datamodule)}
+
+

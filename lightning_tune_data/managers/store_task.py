@@ -1,0 +1,112 @@
+"""One task of one source's token store: write its part (unless it is already done), publish it,
+and commit the store when it was the last task to finish.
+
+A task writes into a local staging folder first and publishes shards, then its manifest, then its
+done-marker (:func:`lightning_tune_data.cache.mirror.publish_task`), so a task killed at any point
+leaves no done-marker and its rerun writes it again. Whichever task finds every done-marker
+present commits the store; two finishing at once write the same commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+
+from lightning_tune_data.cache.mirror import publish_task
+from lightning_tune_data.cache.root import StoreRoot
+from lightning_tune_data.cache.store_files import StoreFiles
+from lightning_tune_data.cache.tasks import StoreNotCommittedError, commit_store, finished_task, task_progress
+from lightning_tune_data.managers.base import SourceManager
+from lightning_tune_data.managers.task_inputs import check_task
+from lightning_tune_data.tokenizers import Tokenizer
+
+__all__ = ["finalize_source_store", "run_store_task"]
+
+log = logging.getLogger("lightning_tune_data.managers")
+
+
+def _check_task_count(files: StoreFiles, num_tasks: int, description: str, root: StoreRoot) -> None:
+    others = {count: done for count, done in task_progress(files).items() if count != num_tasks}
+    if others:
+        count, done = next(iter(sorted(others.items())))
+        raise StoreNotCommittedError(
+            f"{description}: the store at {files.url()} is being written by {count} tasks ({len(done)} finished), "
+            f"not {num_tasks}: a store's task count cannot change while it is written. Run with --num-tasks "
+            f"{count}, or start over after removing the store (lightning-tune-data cache clean --cache-dir "
+            f"{root.url} --all, or delete {files.url()})."
+        )
+
+
+def _staging_folder(root: StoreRoot, name: str, task_index: int, num_tasks: int) -> Path:
+    root.local_dir.mkdir(parents=True, exist_ok=True)
+    folder = root.local_dir / f".{name}.task-{task_index}-of-{num_tasks}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    return folder
+
+
+def run_store_task(manager: SourceManager, tokenizer: Tokenizer, cache_dir: str | Path | StoreRoot,
+                   task_index: int, num_tasks: int) -> str:
+    """Run task ``task_index`` of ``num_tasks`` of the manager's store; commit it if complete.
+
+    Args:
+        manager: The source.
+        tokenizer: The tokenizer (part of the store's fingerprint).
+        cache_dir: The cache root (local path, URL or :class:`StoreRoot`).
+        task_index, num_tasks: The task.
+
+    Returns:
+        What happened, in a few words (``"written"``, ``"already done"``, ``"store committed before"``,
+        with ``", store committed"`` when this task committed it).
+
+    Raises:
+        StoreNotCommittedError: The store is being written with another number of tasks.
+    """
+    check_task(task_index, num_tasks)
+    root = StoreRoot.of(cache_dir)
+    cache, build, inputs = manager.store_task(tokenizer, root, task_index, num_tasks)
+    files = cache.files()
+    if cache.committed(files) is not None:
+        return "store committed before"
+    _check_task_count(files, num_tasks, cache.description, root)
+    if finished_task(files, task_index, num_tasks, cache.fingerprint) is not None:
+        status = "already done"
+    else:
+        staging = _staging_folder(root, files.name, task_index, num_tasks)
+        try:
+            manifest = build(staging)
+            publish_task(staging, files, manifest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        status = f"written ({sum(s.rows for s in manifest.shards):,} rows, {len(manifest.shards)} shards)"
+    if len(task_progress(files).get(num_tasks, ())) == num_tasks:
+        commit_store(files, num_tasks, cache.fingerprint, cache.metadata, inputs, cache.description)
+        status += ", store committed"
+    return status
+
+
+def finalize_source_store(manager: SourceManager, tokenizer: Tokenizer, cache_dir: str | Path | StoreRoot) -> str:
+    """Commit the manager's store if every task finished.
+
+    Returns:
+        ``"committed"`` or ``"committed before"``.
+
+    Raises:
+        StoreNotCommittedError: Tasks are missing (named), or no task wrote anything yet.
+    """
+    root = StoreRoot.of(cache_dir)
+    cache, _, inputs = manager.store_task(tokenizer, root)
+    files = cache.files()
+    if cache.committed(files) is not None:
+        return "committed before"
+    if cache.finish_tasks(files, inputs) is None:
+        raise StoreNotCommittedError(
+            f"{cache.description}: no task has written the store at {files.url()} yet. Run the tasks first "
+            f"(lightning-tune-data prepare --config <config> --task-index I --num-tasks N)."
+        )
+    return "committed"
+
+

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
+from tqdm.auto import tqdm
 
 from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM, file_checksum
 from lightning_tune_data.cache.fingerprints import canonical_json
@@ -90,8 +91,11 @@ def download_store(files: StoreFiles, content: dict[str, Any], local_folder: Pat
         log.info("%s: downloading store %s (%s, %d files) to %s", description, files.url(), human_size(total),
                  len(recorded), local_folder)
         try:
-            for relative, expected in sorted(recorded.items()):
-                _fetch_verified(files, relative, expected, temp / relative)
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"Downloading {local_folder.name}",
+                      leave=False) as bar:
+                for relative, expected in sorted(recorded.items()):
+                    _fetch_verified(files, relative, expected, temp / relative)
+                    bar.update(int(expected.get("size", 0)))
             (temp / COMPLETE_MARKER).write_bytes(files.read_bytes(COMPLETE_MARKER) or b"")
             if not marker_matches(read_cache_metadata(temp), content.get("metadata")):
                 raise StoreCorruptError(f"{files.url(COMPLETE_MARKER)} changed during the download; run again.")
@@ -116,9 +120,12 @@ def upload_store(local_folder: Path, files: StoreFiles, description: str) -> Non
     recorded = content.get("files") or {}
     log.info("%s: uploading store to %s (%s)", description, files.url(),
              human_size(sum(int(e.get("size", 0)) for e in recorded.values())))
-    for relative, expected in sorted(recorded.items()):
-        if files.size(relative) != expected.get("size"):
-            files.put(local_folder / relative, relative)
+    with tqdm(total=sum(int(e.get("size", 0)) for e in recorded.values()), unit="B", unit_scale=True,
+              desc=f"Uploading {local_folder.name}", leave=False) as bar:
+        for relative, expected in sorted(recorded.items()):
+            if files.size(relative) != expected.get("size"):
+                files.put(local_folder / relative, relative)
+            bar.update(int(expected.get("size", 0)))
     files.put(local_folder / COMPLETE_MARKER, COMPLETE_MARKER)
 
 

@@ -83,3 +83,16 @@ def test_an_upload_puts_every_file_then_the_commit(tmp_path: Path, committed: tu
     assert target.read_bytes(COMPLETE_MARKER) == files.read_bytes(COMPLETE_MARKER)
     for relative in content["files"]:
         assert target.read_bytes(relative) == files.read_bytes(relative)
+
+
+def test_a_corrupt_local_copy_is_downloaded_again_with_a_warning(tmp_path: Path, committed: tuple) -> None:
+    files, content = committed
+    local = download_store(files, content, tmp_path / "node" / "notes-dddd", "source 'notes'")
+    shard = local / content["store"]["shards"][1]["path"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match=r"Removing the corrupt local copy .*notes-dddd \(file .*00000\.arrow does "
+                                         r"not match the checksum"):
+        download_store(files, content, local, "source 'notes'")
+    assert open_store(local)[0]["input_ids"] == [[1, 2], [3], [4, 5, 6]]

@@ -80,3 +80,13 @@ def test_finalize_commits_finished_tasks_once_and_says_when_nothing_was_written(
     assert finalize_source_store(source, TOK, tmp_path / "c") == "committed"
     assert commit.read_bytes() == first
     assert finalize_source_store(source, TOK, tmp_path / "c") == "committed before"
+
+
+def test_a_killed_tasks_staging_folder_is_removed_when_the_task_runs_again(tmp_path: Path) -> None:
+    source = manager(tmp_path)
+    root = tmp_path / "c"
+    name = source.cache_dir_for(TOK, root).name
+    dead = root / f".{name}.task-0-of-2.tmp-999999999-abcdef12"  # no such process
+    (dead / "shards").mkdir(parents=True)
+    assert run_store_task(source, TOK, root, 0, 2).startswith("written")
+    assert not dead.exists() and not [p for p in root.iterdir() if ".tmp-" in p.name]

@@ -60,11 +60,11 @@ def _fetch_verified(files: StoreFiles, relative: str, expected: dict[str, Any], 
     )
 
 
-def _intact_copy(local_folder: Path, content: dict[str, Any], verify_mode: VerifyMode) -> bool:
+def _intact_copy(local_folder: Path, content: dict[str, Any], verify_mode: VerifyMode, warn: bool = True) -> bool:
     if canonical_json(read_cache_metadata(local_folder)) != canonical_json(content):
         return False
     problem = verify_files(local_folder, content.get("files") or {}, verify_mode)
-    if problem is not None:
+    if problem is not None and warn:
         warnings.warn(f"Removing the corrupt local copy {local_folder} ({problem}); downloading it again.",
                       stacklevel=3)
     return problem is None
@@ -92,7 +92,7 @@ def download_store(files: StoreFiles, content: dict[str, Any], local_folder: Pat
         return local_folder
     local_folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(lock_path(local_folder))):
-        if _intact_copy(local_folder, content, "size"):
+        if _intact_copy(local_folder, content, verify_mode, warn=False):
             return local_folder  # another process of this node downloaded it meanwhile
         for stale in local_folder.parent.glob(temporary_prefix(local_folder) + "*"):
             shutil.rmtree(stale, ignore_errors=True)

@@ -95,4 +95,5 @@ def test_a_corrupt_local_copy_is_downloaded_again_with_a_warning(tmp_path: Path,
     with pytest.warns(UserWarning, match=r"Removing the corrupt local copy .*notes-dddd \(file .*00000\.arrow does "
                                          r"not match the checksum"):
         download_store(files, content, local, "source 'notes'")
-    assert open_store(local)[0]["input_ids"] == [[1, 2], [3], [4, 5, 6]]
+    dataset, problem = open_store(local)
+    assert problem is None and dataset["input_ids"] == [[1, 2], [3], [4, 5, 6]]

@@ -38,6 +38,7 @@ from lightning_tune_data.keys import (
     ROW,
     SEQ_LENS,
     SOURCE,
+    TARGET_TOKENS,
     TOKENS,
     TRUNCATED_TOKENS,
 )
@@ -72,7 +73,23 @@ def _outputs(planes: int, batch_size: int, width: int, max_documents: int,
         batch_size, max_documents)
 
 
-def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, list[Any]]:
+def piece_targets(labels: np.ndarray, lengths: Sequence[int], starts: Sequence[int] | np.ndarray) -> list[int]:
+    """How many labels of each document piece are targets (not ``-100``), in one pass.
+
+    Args:
+        labels: the (flattened) labels the pieces' positions index.
+        lengths: each piece's length.
+        starts: each piece's first position in ``labels``.
+    """
+    counts = np.empty(labels.shape[0] + 1, dtype=np.int64)
+    counts[0] = 0
+    np.cumsum(labels != IGNORE_INDEX, out=counts[1:])
+    starts = np.asarray(starts, dtype=np.int64)
+    return (counts[starts + np.asarray(lengths, dtype=np.int64)] - counts[starts]).tolist()
+
+
+def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]],
+                      target_tokens: Sequence[int] | None = None) -> dict[str, list[Any]]:
     """The per-document provenance of packed rows as one dict of lists, flattened over rows.
 
     Every key found in any document's provenance dict is carried, and always ``truncated_tokens``
@@ -82,6 +99,8 @@ def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, 
 
     Args:
         rows: per batch row, the provenance dicts of its documents, in order.
+        target_tokens: target labels of each document, flattened over rows (the collator counts
+            them from the labels it writes); written as ``target_tokens`` when given.
     """
     documents = [document for row in rows for document in row]
     provenance: dict[str, list[Any]] = {
@@ -91,6 +110,8 @@ def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, 
         ROW: [row for row, documents_in_row in enumerate(rows) for _ in documents_in_row],
         NEW_DOCUMENT: [bool(d[NEW_DOCUMENT]) for d in documents],
     }
+    if target_tokens is not None:
+        provenance[TARGET_TOKENS] = [int(count) for count in target_tokens]
     for key in sorted(set().union(*documents, (TRUNCATED_TOKENS, DROPPED_BEFORE)).difference(provenance)):
         provenance[key] = [document.get(key, 0) for document in documents]
     return provenance
@@ -227,7 +248,9 @@ class PackedCollator:
         batch: dict[str, Any] = dict(zip(self._ARRAY_KEYS, planes))
         batch[ATTENTION_MASK] = planes[len(fills)]
         batch[SEQ_LENS] = seq_lens_tensor
-        batch[PROVENANCE] = packed_provenance([v[2] for v in validated])
+        targets = [count for arrays, row_seq_lens, _ in validated
+                   for count in piece_targets(arrays[1], row_seq_lens, np.cumsum([0, *row_seq_lens[:-1]]))]
+        batch[PROVENANCE] = packed_provenance([v[2] for v in validated], targets)
         return batch
 
     def _collate_packs(self, packs: list[Pack]) -> dict[str, Any]:
@@ -301,6 +324,9 @@ class PackedCollator:
             if n < width:
                 views[1:, row, n:] = padding
         seq_lens.reshape(-1)[:] = seq_lens_values
+        pieces = np.ones(len(segment_lens), dtype=bool)
+        pieces[np.cumsum(np.add(counts, 1)) - 1] = False  # each row's last segment is its padding
+        segment_starts = segment_ends - segment_lens_array
         batch: dict[str, Any] = dict(zip(self._ARRAY_KEYS, planes))
         batch[ATTENTION_MASK] = planes[len(fills)]
         batch[SEQ_LENS] = seq_lens_tensor
@@ -312,6 +338,7 @@ class PackedCollator:
             NEW_DOCUMENT: list(columns[NEW_DOCUMENT_AT]),
             DROPPED_BEFORE: list(columns[DROPPED_AT]),
             TRUNCATED_TOKENS: list(columns[TRUNCATED_AT]),
+            TARGET_TOKENS: piece_targets(flat_labels, lens, segment_starts[pieces]),
         }
         return batch
 

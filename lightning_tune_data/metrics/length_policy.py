@@ -11,10 +11,37 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-__all__ = ["LENGTH_POLICY_METRICS", "LengthPolicyCounts"]
+__all__ = ["LENGTH_POLICY_METRICS", "LengthPolicyCounts", "document_targets"]
 
 #: Counter names reported per source (and for the whole stream), in the order a state lists them.
 LENGTH_POLICY_METRICS = ("truncated_docs", "truncated_tokens", "dropped_docs", "no_target_docs", "target_tokens")
+
+
+def document_targets(targets: Sequence[int], new_document: Sequence[bool]) -> list[int | None]:
+    """Per piece that starts its document, the target labels of the document's pieces in this batch.
+
+    A document split across packs (``concat``) continues in the first piece of the next row
+    (``new_document=False``), so its targets are added up from there. ``None`` for continuation
+    pieces, and for a document without targets so far that reaches the end of a batch which holds
+    continuations (documents are split there, so it may go on, with targets, in a later batch).
+
+    Args:
+        targets: target labels of each piece, in batch order.
+        new_document: whether each piece starts its document.
+    """
+    count = len(targets)
+    splits = not all(new_document)
+    out: list[int | None] = [None] * count
+    for i in range(count):
+        if not new_document[i]:
+            continue
+        total, last = int(targets[i]), i
+        while total == 0 and last + 1 < count and not new_document[last + 1]:
+            last += 1
+            total += int(targets[last])
+        if total or not (splits and last == count - 1):
+            out[i] = total
+    return out
 
 
 def _padded(values: Sequence[int]) -> list[int]:
@@ -28,9 +55,9 @@ class LengthPolicyCounts:
     ``target_tokens``.
 
     Documents are counted on their first piece only (``new_document``), so a document split over
-    several packs is counted once; with ``concat`` packing, which splits documents, a document
-    counts as ``no_target_docs`` when its first piece has no target. ``target_tokens`` sums every
-    piece's targets.
+    several packs is counted once; a split document (``concat``) counts as ``no_target_docs`` when
+    none of its pieces in the batch has a target (:func:`document_targets`; one that may go on in
+    a later batch is not counted). ``target_tokens`` sums every piece's targets.
     """
 
     def __init__(self) -> None:
@@ -49,6 +76,7 @@ class LengthPolicyCounts:
                 when the batch does not say, and then neither target counter moves.
         """
         width = len(LENGTH_POLICY_METRICS)
+        documents = None if targets is None else document_targets(targets, new_document)
         for i, (source, cut, gone, new) in enumerate(zip(sources, truncated, dropped, new_document)):
             if not new and targets is None:
                 continue
@@ -56,9 +84,8 @@ class LengthPolicyCounts:
             if entry is None:
                 entry = self.counts[source] = [0] * width
             if targets is not None:
-                target = int(targets[i])
-                entry[4] += target
-                entry[3] += int(new and target == 0)
+                entry[4] += int(targets[i])
+                entry[3] += int(documents[i] == 0)
             if not new:
                 continue
             entry[0] += int(cut > 0)

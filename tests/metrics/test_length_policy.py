@@ -92,3 +92,15 @@ def test_a_state_saved_before_the_target_counters_restores_them_as_zero_and_keep
     counts.add(["a"], [0], [0], [True], [0])
     assert counts.state_dict() == {"a": [1, 5, 1, 1, 0]}
     assert LengthPolicyCounts.folded([{"a": [1, 5, 1]}, counts.state_dict()]) == {"a": [2, 10, 2, 1, 0]}
+
+
+def test_a_split_document_has_no_target_only_when_none_of_its_pieces_in_the_batch_has_one() -> None:
+    from lightning_tune_data.metrics.length_policy import document_targets
+
+    # unpacked or never split: every first piece is a whole document
+    assert document_targets([0, 3, 0], [True, True, True]) == [0, 3, 0]
+    # concat: a one-token first piece (BOS at a row's end) continues in the next row with targets
+    assert document_targets([5, 0, 7, 0, 4], [True, True, False, True, True]) == [5, 7, None, 0, 4]
+    # a first piece with no target at the very end of a batch that splits documents may go on later
+    assert document_targets([0, 2, 0], [False, True, True]) == [None, 2, None]
+    assert document_targets([0, 0, 0], [True, False, False]) == [None, None, None]

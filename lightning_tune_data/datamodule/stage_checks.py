@@ -134,12 +134,13 @@ def no_target_message(summary: NoTargetSummary, overlong: str, everything: bool,
     else:
         head = (f"Train source '{source}': {summary.no_target:,} of {summary.documents:,} documents "
                 f"({100 * summary.share:.1f}%) have no target token {where}")
-    why = (f", so {'it' if everything else 'they'} would add nothing to the loss (its train loss is never logged) "
-           "while taking a share of the mix and of the compute.")
+    why = (", so the source would add nothing to the loss (its train loss would never be logged) while taking its "
+           "share of the mix and of the compute." if everything else
+           ", so they add nothing to the loss while taking their share of the mix and of the compute.")
     if cut:
+        drop = "" if everything else "set overlong='drop' to skip documents longer than max_seq_len, "
         fix = (f" Truncation keeps each document's first {cap} tokens, here only masked prompt tokens. Raise "
-               "max_seq_len, shorten the prompts, set overlong='drop' to skip documents longer than max_seq_len, "
-               "or drop such documents with the manager's filter_fn.")
+               f"max_seq_len, shorten the prompts, {drop}or drop such documents with the manager's filter_fn.")
     else:
         fix = " Check the loss_mask the preprocess function writes, or drop such documents with the manager's filter_fn."
     note = " (Counted before the source's stream transforms, which may change this.)" if transformed else ""

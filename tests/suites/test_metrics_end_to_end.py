@@ -181,8 +181,8 @@ def expected_metrics(ranks: Sequence[Sequence[Sequence[Record]]], weights: dict[
             epochs = max([epochs] + [r[2] for r in mine])
             window += [r[1] for r in mine][-WINDOW:]
         targets = sum(r[4] for batches in ranks for batch in batches for r in batch if name == STREAM or r[0] == name)
-        no_target = sum(1 for batches in ranks for batch in batches for r in batch
-                        if (name == STREAM or r[0] == name) and r[3] and r[4] == 0)
+        no_target = sum(1 for batches in ranks for batch in batches for i, r in enumerate(batch)
+                        if (name == STREAM or r[0] == name) and has_no_target(batch, i))
         out[name] = {"samples_seen": samples, "tokens_seen": tokens, "epochs_completed": epochs,
                      "seq_len_window_size": len(window), "seq_len_mean": statistics.fmean(window),
                      "seq_len_p50": statistics.median(window), "target_tokens": targets, "no_target_docs": no_target}
@@ -192,6 +192,20 @@ def expected_metrics(ranks: Sequence[Sequence[Sequence[Record]]], weights: dict[
         out[name]["token_share"] = out[name]["tokens_seen"] / total["tokens_seen"]
         out[name]["target_weight"] = weight
     return out
+
+
+def has_no_target(batch: Sequence[Record], index: int) -> bool:
+    """Whether the document starting at piece ``index`` has no target label in the batch: its first piece and
+    the pieces continuing it in the next rows (concat) hold none, and it does not run to the end of a batch
+    that splits documents (it may go on, with targets, in a later batch)."""
+    if not batch[index][3]:
+        return False
+    last = index
+    while batch[last][4] == 0 and last + 1 < len(batch) and not batch[last + 1][3]:
+        last += 1
+    if any(r[4] for r in batch[index : last + 1]):
+        return False
+    return not (last == len(batch) - 1 and any(not r[3] for r in batch))
 
 
 def assert_metrics_equal(got: dict[str, dict], want: dict[str, dict], where: str) -> None:

@@ -73,19 +73,19 @@ def _outputs(planes: int, batch_size: int, width: int, max_documents: int,
         batch_size, max_documents)
 
 
-def piece_targets(labels: np.ndarray, lengths: Sequence[int], starts: Sequence[int] | np.ndarray) -> list[int]:
-    """How many labels of each document piece are targets (not ``-100``), in one pass.
+def segment_targets(labels: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """How many labels of each segment of ``labels`` are targets (not ``-100``), in one reduction.
 
     Args:
-        labels: the (flattened) labels the pieces' positions index.
-        lengths: each piece's length.
-        starts: each piece's first position in ``labels``.
+        labels: 1-D labels (a batch's, flattened, or one pack's).
+        starts: first position of each segment, increasing from 0; a segment runs to the next
+            start (the last one to the end). Only non-empty segments get a meaningful count.
     """
-    counts = np.empty(labels.shape[0] + 1, dtype=np.int64)
-    counts[0] = 0
-    np.cumsum(labels != IGNORE_INDEX, out=counts[1:])
-    starts = np.asarray(starts, dtype=np.int64)
-    return (counts[starts + np.asarray(lengths, dtype=np.int64)] - counts[starts]).tolist()
+    targets = (labels != IGNORE_INDEX).view(np.uint8)
+    inside = int(np.searchsorted(starts, labels.shape[0]))  # empty segments at the very end start past it
+    counts = np.zeros(starts.shape[0], dtype=np.int32)
+    counts[:inside] = np.add.reduceat(targets, starts[:inside], dtype=np.int32)
+    return counts
 
 
 def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]],
@@ -249,7 +249,7 @@ class PackedCollator:
         batch[ATTENTION_MASK] = planes[len(fills)]
         batch[SEQ_LENS] = seq_lens_tensor
         targets = [count for arrays, row_seq_lens, _ in validated
-                   for count in piece_targets(arrays[1], row_seq_lens, np.cumsum([0, *row_seq_lens[:-1]]))]
+                   for count in segment_targets(arrays[1], np.cumsum([0, *row_seq_lens[:-1]])).tolist()]
         batch[PROVENANCE] = packed_provenance([v[2] for v in validated], targets)
         return batch
 
@@ -317,16 +317,14 @@ class PackedCollator:
                     start += ref[LENGTH_AT]
         np.subtract(self._arange(batch_size * width), (segment_ends - segment_lens_array).repeat(segment_lens_array),
                     out=views[2].reshape(-1))
-        views[3].reshape(-1)[:] = np.array(segment_documents, dtype=np.int64).repeat(segment_lens_array)
+        segment_documents_array = np.array(segment_documents, dtype=np.int64)
+        views[3].reshape(-1)[:] = segment_documents_array.repeat(segment_lens_array)
         views[len(fills)].fill(1)
         padding = np.array((*fills[1:], 0), dtype=np.int64)[:, None]
         for row, n in enumerate(pack_lengths):
             if n < width:
                 views[1:, row, n:] = padding
         seq_lens.reshape(-1)[:] = seq_lens_values
-        pieces = np.ones(len(segment_lens), dtype=bool)
-        pieces[np.cumsum(np.add(counts, 1)) - 1] = False  # each row's last segment is its padding
-        segment_starts = segment_ends - segment_lens_array
         batch: dict[str, Any] = dict(zip(self._ARRAY_KEYS, planes))
         batch[ATTENTION_MASK] = planes[len(fills)]
         batch[SEQ_LENS] = seq_lens_tensor
@@ -338,7 +336,8 @@ class PackedCollator:
             NEW_DOCUMENT: list(columns[NEW_DOCUMENT_AT]),
             DROPPED_BEFORE: list(columns[DROPPED_AT]),
             TRUNCATED_TOKENS: list(columns[TRUNCATED_AT]),
-            TARGET_TOKENS: piece_targets(flat_labels, lens, segment_starts[pieces]),
+            TARGET_TOKENS: segment_targets(flat_labels, segment_ends - segment_lens_array)[
+                segment_documents_array != PAD_DOCUMENT_ID].tolist(),  # every segment but the rows' padding
         }
         return batch
 

@@ -119,11 +119,12 @@ SHIFT = 40
 
 
 @numba.njit(nogil=True, cache=True)
-def best_fit_kernel(lengths, cap, buffer_size, batch, rows):  # pragma: no cover - compiled
+def best_fit_kernel(lengths, cap, buffer_size, batch, rows, free, meta):  # pragma: no cover - compiled
     """Best-fit over ``lengths`` until ``batch`` packs are finished; ``rows[i]`` gets document
-    ``i``'s pack number. Returns (documents placed, the finished packs' numbers)."""
-    free = np.empty(buffer_size + 2, dtype=np.int64)  # sorted (space << SHIFT) | number
-    size, number, done = 0, 0, 0
+    ``i``'s pack number. The open packs carry over between calls: ``free`` (sorted
+    ``(space << SHIFT) | number``, ``buffer_size + 2`` slots) and ``meta`` (open count, next
+    number). Returns (documents placed, the finished packs' numbers)."""
+    size, number, done = meta[0], meta[1], 0
     finished = np.empty(batch + 2, dtype=np.int64)
     mask = (1 << SHIFT) - 1
     placed = 0
@@ -133,13 +134,15 @@ def best_fit_kernel(lengths, cap, buffer_size, batch, rows):  # pragma: no cover
         k = np.searchsorted(free[:size], need)
         if k < size:
             key = free[k]
-            free[k:size - 1] = free[k + 1:size].copy()
+            for m in range(k, size - 1):
+                free[m] = free[m + 1]
             size -= 1
             rows[i] = key & mask
             rest = key - need
             if rest > mask:
                 j = np.searchsorted(free[:size], rest)
-                free[j + 1:size + 1] = free[j:size].copy()
+                for m in range(size, j, -1):
+                    free[m] = free[m - 1]
                 free[j] = rest
                 size += 1
             else:
@@ -153,25 +156,29 @@ def best_fit_kernel(lengths, cap, buffer_size, batch, rows):  # pragma: no cover
             else:
                 key = ((cap - n) << SHIFT) | number
                 j = np.searchsorted(free[:size], key)
-                free[j + 1:size + 1] = free[j:size].copy()
+                for m in range(size, j, -1):
+                    free[m] = free[m - 1]
                 free[j] = key
                 size += 1
                 if size > buffer_size:
                     finished[done] = free[0] & mask
                     done += 1
-                    free[:size - 1] = free[1:size].copy()
+                    for m in range(size - 1):
+                        free[m] = free[m + 1]
                     size -= 1
             number += 1
         placed = i + 1
         if done >= batch:
             break
+    meta[0], meta[1] = size, number
     return placed, finished[:done]
 
 
-def best_fit_python(lengths, cap, buffer_size, batch, rows, first=0):
+def best_fit_python(lengths, cap, buffer_size, batch, rows, first, state):
     """The same rule in Python (the best-fit floor's loop, the packer's ``place_block``) over a
-    list of lengths from ``first`` on."""
-    free, finished, number, mask = [], [], 0, (1 << SHIFT) - 1
+    list of lengths from ``first`` on; the open packs carry over in ``state`` (free keys, next number)."""
+    free, number = state
+    finished, mask = [], (1 << SHIFT) - 1
     for i in range(first, len(lengths)):
         n = lengths[i]
         need = n << SHIFT
@@ -193,7 +200,9 @@ def best_fit_python(lengths, cap, buffer_size, batch, rows, first=0):
                     finished.append(free.pop(0) & mask)
             number += 1
         if len(finished) >= batch:
+            state[1] = number
             return i + 1 - first, finished
+    state[1] = number
     return len(lengths) - first, finished
 
 
@@ -226,15 +235,16 @@ def placement_us(compiled: bool, lengths: np.ndarray, batches: int) -> float:
     """µs per 8 finished packs, placing the documents that follow the last batch's."""
     rows = np.empty(len(lengths), dtype=np.int64) if compiled else [0] * len(lengths)
     values = lengths if compiled else lengths.tolist()
+    free, meta, state = np.empty(64 + 2, dtype=np.int64), np.zeros(2, dtype=np.int64), [[], 0]
     at, start = 0, time.perf_counter()
     for _ in range(batches):
         if at + 2048 > len(lengths):
             at = 0
         if compiled:
-            placed, _ = best_fit_kernel(values[at:at + 2048], SEQ, 64, PACKED_BATCH, rows[at:])
+            placed, _ = best_fit_kernel(values[at:at + 2048], SEQ, 64, PACKED_BATCH, rows[at:], free, meta)
         else:
-            placed, _ = best_fit_python(values, SEQ, 64, PACKED_BATCH, rows, at)
-        at += placed
+            placed, _ = best_fit_python(values, SEQ, 64, PACKED_BATCH, rows, at, state)
+        at += placed  # the next call starts after them
     return (time.perf_counter() - start) / batches * 1e6
 
 
@@ -253,9 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     lengths = np.minimum(np.diff(flat_offsets(web, args.data_dir / f"flat_offsets_{args.token_docs}.npy")), SEQ)
     lengths = lengths[np.random.default_rng(0).permutation(len(lengths))].astype(np.int64)
     rows_python, rows_compiled = np.empty(4096, dtype=np.int64), np.empty(4096, dtype=np.int64)
-    want = best_fit_python(lengths[:4096].tolist(), SEQ, 64, 200, rows_python)
-    got = best_fit_kernel(lengths[:4096], SEQ, 64, 200, rows_compiled)
-    assert got[0] == want[0] and got[1].tolist() == want[1] and np.array_equal(rows_python[:want[0]], rows_compiled[:got[0]])
+    state, free, meta = [[], 0], np.empty(64 + 2, dtype=np.int64), np.zeros(2, dtype=np.int64)
+    for at in (0, 1000, 2000):  # three calls, the open packs carried over
+        want = best_fit_python(lengths[:4096].tolist(), SEQ, 64, 60, rows_python, at, state)
+        got = best_fit_kernel(lengths[at:4096], SEQ, 64, 60, rows_compiled[at:], free, meta)
+        assert got[0] == want[0] and got[1].tolist() == want[1]
+        assert np.array_equal(rows_python[at:at + want[0]], rows_compiled[at:at + got[0]])
+        assert sorted(state[0]) == free[:meta[0]].tolist() and state[1] == meta[1]
     pad_id = dms["concat"].train_collator().pad_id
     compiled = {s: CompiledCollator(pad_id, SEQ) for s in dms}
     for strategy, dm in dms.items():  # compile, and check the first batches against ours, before timing

@@ -15,6 +15,9 @@ Two kernels, each checked against the package's own result before it is timed:
   body of ``PackedCollator``'s bulk path in the real train loop (``CompiledCollator``: the same
   pieces, state and provenance; it asserts the same batches as ours on the first batches), so
   the rows "ours + compiled collation" are whole batches through ``train_dataloader()``.
+* **The five planes alone** (``FivePlaneBlocks``): the blocks reader's windows written as the
+  five ``[8, 2048]`` int64 planes of a packed batch (tokens, shifted labels, a row of positions,
+  zeros, ones): the memory traffic of the output format, with no documents at all.
 * **``best_fit`` placement on integer lengths** (``best_fit_kernel``): the packer's rule (the
   tightest of at most 64 open packs, oldest on ties; the fullest finished when more are open)
   over a block's lengths, against the same rule in Python (the best-fit floor's loop), same
@@ -206,6 +209,29 @@ def best_fit_python(lengths, cap, buffer_size, batch, rows, first, state):
     return len(lengths) - first, finished
 
 
+class FivePlaneBlocks(BlocksReader):
+    """The blocks reader writing a packed batch's five ``[8, 2048]`` int64 planes: its windows as
+    tokens, shifted labels, ``position_ids`` (one row of ``0..2047`` each), ``document_ids`` (0) and
+    an attention mask (1). No documents: the memory traffic any producer of this format pays."""
+
+    def __init__(self, flat: np.ndarray, batch_size: int, seed: int) -> None:
+        super().__init__(flat, batch_size, seed)
+        self.columns = np.arange(SEQ, dtype=np.int64)
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        starts = self.rng.integers(0, len(self.flat) - SEQ - 1, size=self.batch_size)
+        planes = np.empty((5, self.batch_size, SEQ), dtype=np.int64)
+        for row, start in enumerate(starts.tolist()):
+            window = self.flat[start : start + SEQ + 1]
+            planes[0, row] = window[:-1]
+            planes[1, row] = window[1:]
+        planes[2] = self.columns
+        planes[3].fill(0)
+        planes[4].fill(1)
+        return dict(zip(("input_ids", "labels", "position_ids", "document_ids", "attention_mask"),
+                        map(torch.from_numpy, planes)))
+
+
 def loader_us(dm, collator, batches: int) -> float:
     """Wall µs per batch through ``train_dataloader()`` (``collator``: swapped in when given)."""
     if collator is not None:
@@ -221,8 +247,8 @@ def loader_us(dm, collator, batches: int) -> float:
     return (time.perf_counter() - start) / batches * 1e6
 
 
-def blocks_us(flat: np.ndarray, batches: int, seed: int) -> float:
-    reader = BlocksReader(flat, PACKED_BATCH, seed)
+def blocks_us(flat: np.ndarray, batches: int, seed: int, reader_class: type = BlocksReader) -> float:
+    reader = reader_class(flat, PACKED_BATCH, seed)
     for _ in range(5):
         next(reader)
     start = time.perf_counter()
@@ -277,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds: dict[str, list[float]] = {}
     for r in range(args.rounds):
         common.log(f"prototype: round {r + 1}/{args.rounds}")
-        timings = {"blocks": blocks_us(flat, args.batches, r)}
+        timings = {"blocks": blocks_us(flat, args.batches, r),
+                   "five planes": blocks_us(flat, args.batches, r, FivePlaneBlocks)}
         for strategy, dm in dms.items():
             timings[strategy] = loader_us(dm, None, args.batches)
             timings[f"{strategy} compiled"] = loader_us(dm, compiled[strategy], args.batches)
@@ -295,6 +322,7 @@ def report(rounds: dict[str, list[float]], args: argparse.Namespace) -> str:
     med = {k: float(np.median(v)) for k, v in rounds.items()}
     rows = [
         ("blocks reader, [8, 2049] windows", "blocks"),
+        ("the same windows written as a packed batch's five [8, 2048] int64 planes (no documents)", "five planes"),
         ("ours, concat, whole batch via train_dataloader()", "concat"),
         ("ours, concat + compiled collation (fill_rows)", "concat compiled"),
         ("ours, best_fit, whole batch via train_dataloader()", "best_fit"),

@@ -234,7 +234,8 @@ def main() -> int:
 
     loop_calls = max(args.calls, 200)
     in_loop: dict[str, dict[str, float]] = {}
-    for strategy in ("concat", "best_fit"):
+    in_loop["blocks reader"] = parts_in_loop_us(lambda: BlocksReader(flat, PACKED_BATCH, 1), {}, loop_calls)
+    for strategy in ("concat", "best_fit", "greedy"):
         packed_dm = common.make_datamodule(parquet, cache, False, strategy, 0, PACKED_BATCH)
         in_loop[f"ours, {strategy}"] = parts_in_loop_us(
             lambda: iter(packed_dm.train_dataloader()),

@@ -278,34 +278,41 @@ class PackedCollator:
         most = max(counts)
         columns = tuple(zip(*itertools.chain.from_iterable(refs)))
         lens = columns[LENGTH_AT]
-        # Segments of the flattened [B, width] block: each row's pieces, then its padding (a few
-        # dozen values: Python lists are cheaper than NumPy calls at this size).
-        segment_lens: list[int] = []
-        segment_documents: list[int] = []
-        seq_lens_values: list[int] = []  # [B, most], row by row
-        document_rows: list[int] = []  # the batch row of every piece
-        zeros = (0,) * most
-        first = 0
-        for row, (count, n) in enumerate(zip(counts, pack_lengths)):
-            row_lens = lens[first : first + count]
-            first += count
-            segment_lens += row_lens
-            segment_lens.append(width - n)
-            segment_documents += range(count)
-            segment_documents.append(PAD_DOCUMENT_ID)
-            seq_lens_values += row_lens
-            seq_lens_values += zeros[count:]
-            document_rows += [row] * count
+        full = longest == width and min(pack_lengths) == width
+        # Segments of the flattened [B, width] block: every piece, and each row's padding (a few
+        # dozen values: Python lists are cheaper than NumPy calls at this size). Rows without
+        # padding (every row of a ``concat`` batch) are their pieces back to back.
+        if full:
+            segment_lens = lens
+            segment_documents = list(itertools.chain.from_iterable(map(range, counts)))
+        else:
+            segment_lens, segment_documents = [], []
+            first = 0
+            for count, n in zip(counts, pack_lengths):
+                segment_lens += lens[first : first + count]
+                segment_lens.append(width - n)
+                first += count
+                segment_documents += range(count)
+                segment_documents.append(PAD_DOCUMENT_ID)
+        if most == min(counts):
+            seq_lens_values = lens
+        else:
+            seq_lens_values, zeros, first = [], (0,) * most, 0
+            for count in counts:
+                seq_lens_values += lens[first : first + count]
+                seq_lens_values += zeros[count:]
+                first += count
+        document_rows = list(itertools.chain.from_iterable(itertools.starmap(itertools.repeat, enumerate(counts))))
         segment_lens_array = np.array(segment_lens, dtype=np.int64)
         segment_ends = segment_lens_array.cumsum()
 
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
         views, planes, seq_lens, seq_lens_tensor = _outputs(len(fills) + 1, batch_size, width, most)
-        tokens, labels = views[0], views[1]
-        write_rows(packs, width, self.pad_id, tokens.reshape(-1), lens, columns[SOURCE_AT])
-        flat_labels = labels.reshape(-1)
-        # Shifted over the whole block: a row's last label is a piece's end or padding, set below.
-        flat_labels[:-1] = tokens.reshape(-1)[1:]
+        flat_tokens, flat_labels = views[0].reshape(-1), views[1].reshape(-1)
+        joined = write_rows(packs, width, self.pad_id, flat_tokens, lens, columns[SOURCE_AT])
+        # Shifted over the whole block (from the joined rows in their narrower dtype when there
+        # are some): a row's last label is a piece's end or padding, set below.
+        np.copyto(flat_labels[:-1], (flat_tokens if joined is None else joined)[1:], casting="same_kind")
         # Every segment's last label: a piece's end, or inside (or just before) a row's padding.
         flat_labels[segment_ends - 1] = IGNORE_INDEX
         for row, pack in enumerate(packs):
@@ -320,10 +327,11 @@ class PackedCollator:
         segment_documents_array = np.array(segment_documents, dtype=np.int64)
         views[3].reshape(-1)[:] = segment_documents_array.repeat(segment_lens_array)
         views[len(fills)].fill(1)
-        padding = np.array((*fills[1:], 0), dtype=np.int64)[:, None]
-        for row, n in enumerate(pack_lengths):
-            if n < width:
-                views[1:, row, n:] = padding
+        if not full:
+            padding = np.array((*fills[1:], 0), dtype=np.int64)[:, None]
+            for row, n in enumerate(pack_lengths):
+                if n < width:
+                    views[1:, row, n:] = padding
         seq_lens.reshape(-1)[:] = seq_lens_values
         batch: dict[str, Any] = dict(zip(self._ARRAY_KEYS, planes))
         batch[ATTENTION_MASK] = planes[len(fills)]

@@ -92,7 +92,7 @@ def _joined_rows(packs: Sequence[Pack], width: int, pad_id: int, lengths: Sequen
 
 
 def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray,
-               lengths: Sequence[int] | None = None, sources: Sequence[str] | None = None) -> None:
+               lengths: Sequence[int] | None = None, sources: Sequence[str] | None = None) -> np.ndarray | None:
     """Write every pack's tokens, each row padded with ``pad_id`` to ``width`` tokens, into the
     flat array ``out`` (``len(packs) * width`` items).
 
@@ -109,6 +109,10 @@ def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray,
         lengths: every piece's length, packs back to back, when the caller has them already
             (default: read from the references).
         sources: every piece's source name, likewise.
+
+    Returns:
+        The joined rows in the flat arrays' dtype when they were joined (a caller that shifts
+        them, for labels, reads these narrower values), else ``None``.
     """
     if lengths is None or sources is None:
         refs = list(itertools.chain.from_iterable(map(_REFS, packs)))
@@ -117,7 +121,7 @@ def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray,
     joined = _joined_rows(packs, width, pad_id, lengths, sources)
     if joined is not None:
         np.copyto(out, joined, casting="same_kind")
-        return
+        return joined
     padding_tokens = np.full(width, pad_id, dtype=np.int64)
     arrays: list[np.ndarray] = []
     for pack in packs:
@@ -125,4 +129,5 @@ def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray,
         if pack.length < width:
             arrays.append(padding_tokens[: width - pack.length])
     np.concatenate(arrays, out=out, casting="same_kind")
+    return None
 

@@ -54,40 +54,61 @@ class Concat(PackingStrategy):
             del open_packs[number]
 
     def place_block(self, queue: DocumentQueue, until_ready: int) -> int:
-        """:meth:`add` over a plain queue until ``until_ready`` packs are finished: each time, the
-        run of whole documents that fit in the open pack is appended in one step, then the
-        document that fills it is split (it may fill several packs)."""
-        placed = 0
-        ready = self.ready
-        while len(ready) < until_ready:
-            count = self._fill_open_pack(queue)
-            if not count:
-                break
-            placed += count
-        return placed
-
-    def _fill_open_pack(self, queue: DocumentQueue) -> int:
-        """One run of whole documents and the document that fills the open pack (see
-        :meth:`place_block`); returns how many documents were placed."""
-        refs, tokens, at, count = queue.refs, queue.tokens, queue.at, len(queue.refs)
+        """:meth:`add` over a plain queue until ``until_ready`` packs are finished, planned from the
+        documents' cumulative lengths: each pack takes the run of whole documents that fit (one
+        bisect, one list extend), then the document that fills it is cut inline (it may fill
+        several packs). Same packs, pieces and pack numbers as :meth:`add`, document by document."""
+        refs, tokens, count = queue.refs, queue.tokens, len(queue.refs)
+        start = at = queue.at
         if at >= count:
             return 0
         ends = queue.ends()
-        if self.open:
-            pack = next(iter(self.open.values()))
-        else:
-            pack = Pack(self.stores)
-            self.open_pack(pack)
-        before = ends[at - 1] if at else 0
-        last = bisect.bisect_left(ends, before + self.max_seq_len - pack.length, lo=at)  # fills the pack
-        whole = min(last, count)
-        if whole > at:
-            pack.refs.extend(refs[at:whole])
-            pack.tokens.extend(tokens[at:whole])
-            pack.length += ends[whole - 1] - before
-        if whole == count:
-            queue.at = count
-            return count - at
-        self.add(refs[last], tokens[last], None)
-        queue.at = last + 1
-        return last + 1 - at
+        cap, ready, open_packs, stores = self.max_seq_len, self.ready, self.open, self.stores
+        bisect_left = bisect.bisect_left
+        number, pack = next(iter(open_packs.items())) if open_packs else (0, None)
+        while len(ready) < until_ready:
+            if pack is None:  # as add() does: a document that finds no open pack opens one
+                pack = Pack(stores)
+                number = self.open_pack(pack)
+            before = ends[at - 1] if at else 0
+            last = bisect_left(ends, before + cap - pack.length, lo=at)  # the document that fills the pack
+            if last >= count:  # every queued document fits with room to spare
+                pack.refs.extend(refs[at:])
+                pack.tokens.extend(tokens[at:])
+                pack.length += ends[-1] - before
+                at = count
+                break
+            if last > at:
+                pack.refs.extend(refs[at:last])
+                pack.tokens.extend(tokens[at:last])
+                pack.length += ends[last - 1] - before
+            ref, position = refs[last], tokens[last]
+            n = ref[LENGTH_AT]
+            offset = 0
+            while offset < n:  # add()'s loop for the document that fills the pack, pieces cut inline
+                take = min(cap - pack.length, n - offset)
+                if take == n:
+                    pack.refs.append(ref)
+                    pack.tokens.append(position)
+                elif type(position) is int:  # split_piece inlined for a position
+                    pack.refs.append((ref[0], ref[1], ref[2], ref[3] + offset, take, False, 0, 0) if offset
+                                     else ref[:LENGTH_AT] + (take,) + ref[LENGTH_AT + 1 :])
+                    pack.tokens.append(position + offset)
+                else:
+                    piece, piece_tokens, _ = split_piece(ref, position, None, offset, take)
+                    pack.refs.append(piece)
+                    pack.tokens.append(piece_tokens)
+                pack.length += take
+                offset += take
+                if pack.length == cap:
+                    ready.append(open_packs.pop(number))
+                    pack = Pack(stores)
+                    number = self.open_pack(pack)
+            at = last + 1
+            if pack.length == 0:  # the document ended exactly at a pack's end: no pack stays open
+                del open_packs[number]
+                pack = None
+            if at >= count:
+                break
+        queue.at = at
+        return at - start

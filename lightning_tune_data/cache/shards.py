@@ -26,8 +26,11 @@ __all__ = ["ROWS_PER_BATCH", "SHARD_FOLDER", "ShardRecord", "open_shards", "shar
 
 #: Folder of a store that holds the shards (one sub-folder per task).
 SHARD_FOLDER = "shards"
-#: Rows per Arrow record batch inside a shard (the reader's unit of zero-copy access).
+#: Fewest rows per Arrow record batch inside a shard (the reader's unit of zero-copy access).
 ROWS_PER_BATCH = 1000
+#: Bytes per record batch aimed at: opening a shard reads one header per batch, so fewer, larger
+#: batches keep the open cheap (a 256 MB shard opens 32 headers, not thousands).
+BATCH_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,10 @@ def shard_name(task_folder: str, number: int) -> str:
     return f"{SHARD_FOLDER}/{task_folder}/{number:05d}.arrow"
 
 
-def _batches(table: pa.Table) -> Iterator[pa.RecordBatch]:
-    for batch in table.to_batches(max_chunksize=ROWS_PER_BATCH):
+def _batches(table: pa.Table, shard_bytes: int) -> Iterator[pa.RecordBatch]:
+    row_bytes = table.nbytes / max(1, table.num_rows)
+    rows = max(ROWS_PER_BATCH, int(min(BATCH_BYTES, shard_bytes) / max(1.0, row_bytes)))
+    for batch in table.combine_chunks().to_batches(max_chunksize=rows):
         if batch.num_rows:
             yield batch
 
@@ -98,7 +103,7 @@ def write_shards(table: pa.Table, folder: Path, task_folder: str, shard_bytes: i
         One record per shard, in row order.
     """
     records: list[ShardRecord] = []
-    batches = _batches(table)
+    batches = _batches(table, shard_bytes)
     pending = next(batches, None)
     while True:
         relative = shard_name(task_folder, len(records))
@@ -120,14 +125,16 @@ def write_shards(table: pa.Table, folder: Path, task_folder: str, shard_bytes: i
             return records
 
 
-def open_shards(folder: Path, shards: Sequence[str]) -> datasets.Dataset:
+def open_shards(folder: Path, shards: Sequence[str], fingerprint: str | None = None) -> datasets.Dataset:
     """Memory-map a store's shards, in order, as one ``datasets.Dataset`` (no bytes are read).
 
     Args:
         folder: The local store folder.
         shards: The shards' relative paths, in global row order.
+        fingerprint: The ``datasets`` fingerprint to give the dataset (the store's own, so it is
+            not computed by hashing the table's description on every open).
     """
     tables = [MemoryMappedTable.from_file(str(folder / relative)) for relative in shards]
     non_empty = [table for table in tables if table.num_rows] or tables[:1]
     table = non_empty[0] if len(non_empty) == 1 else ConcatenationTable.from_tables(non_empty)
-    return datasets.Dataset(table)
+    return datasets.Dataset(table, fingerprint=fingerprint)

@@ -55,7 +55,8 @@ def open_store(folder: Path, content: dict[str, Any] | None = None) -> tuple[dat
         if size != expected:
             return None, f"shard {relative} has {size} bytes, {expected} were written (truncated or overwritten)"
     try:
-        dataset = open_shards(folder, shards)
+        fingerprint = ((content or {}).get("metadata") or {}).get("fingerprint")
+        dataset = open_shards(folder, shards, f"store-{fingerprint[:48]}" if fingerprint else None)
     except Exception as error:  # noqa: BLE001 - any failure to open means a corrupt store
         return None, f"the shards do not open ({type(error).__name__}: {error})"
     rows = content["store"].get("rows")

@@ -53,6 +53,12 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def _opens(folder: Path) -> str | None:
+    """What keeps a reused store from opening (checked when only sizes are compared: with
+    checksums, a changed file is hashed and found anyway)."""
+    return open_store(folder)[1]
+
+
 class SourceCache:
     """The token store of one source configuration.
 
@@ -130,7 +136,7 @@ class SourceCache:
         if not is_valid_cache(final_dir, self.metadata) and (final_dir / "tasks").is_dir():
             self.finish_tasks(StoreFiles(self.root, final_dir.name), inputs)
         return build_cache_atomically(
-            final_dir, fill, self.metadata, verify=lambda folder: open_store(folder)[1],
+            final_dir, fill, self.metadata, verify=_opens if verify_mode == "size" else None,
             verify_mode=verify_mode, inputs=inputs, description=self.description,
             build_reason=lambda: rebuild_reason(self.root.local_dir, inputs, final_dir),
             describe=describe_single_task,
@@ -142,7 +148,7 @@ class SourceCache:
         if content is not None:
             return download_store(files, content, self.folder(), self.description, verify_mode)
         local = build_cache_atomically(
-            self.folder(), fill, self.metadata, verify=lambda folder: open_store(folder)[1],
+            self.folder(), fill, self.metadata, verify=_opens if verify_mode == "size" else None,
             verify_mode=verify_mode, inputs=inputs, description=self.description,
             build_reason=lambda: f"the store at {files.url()} does not exist yet", describe=describe_single_task,
         )

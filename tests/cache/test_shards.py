@@ -3,12 +3,13 @@ memory-mapped back as one dataset with random access by global row."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pyarrow as pa
 
 from lightning_tune_data.cache.checksums import file_checksum
-from lightning_tune_data.cache.shards import ROWS_PER_BATCH, ShardRecord, open_shards, shard_name, write_shards
+from lightning_tune_data.cache.shards import BATCH_BYTES, ROWS_PER_BATCH, ShardRecord, open_shards, shard_name, write_shards
 
 
 def token_table(rows: int, with_mask: bool = False) -> pa.Table:
@@ -20,7 +21,7 @@ def token_table(rows: int, with_mask: bool = False) -> pa.Table:
 
 
 def test_rows_are_split_into_shards_of_about_the_given_size_in_row_order(tmp_path: Path) -> None:
-    table = token_table(5 * ROWS_PER_BATCH + 17, with_mask=True)
+    table = token_table(5 * ROWS_PER_BATCH + 17, with_mask=True)  # small rows: batches of ROWS_PER_BATCH
     one_batch = table.slice(0, ROWS_PER_BATCH).nbytes
     records = write_shards(table, tmp_path, "task-00000-of-00001", shard_bytes=2 * one_batch)
     assert [r.rows for r in records] == [2 * ROWS_PER_BATCH, 2 * ROWS_PER_BATCH, ROWS_PER_BATCH + 17]
@@ -32,6 +33,15 @@ def test_rows_are_split_into_shards_of_about_the_given_size_in_row_order(tmp_pat
     reopened = open_shards(tmp_path, [r.path for r in records])
     assert reopened.data.table.to_pylist() == table.to_pylist()
     assert reopened[4001] == table.slice(4001, 1).to_pylist()[0]  # random access by global row
+
+
+def test_large_rows_are_written_in_record_batches_of_about_batch_bytes(tmp_path: Path) -> None:
+    rows = 3 * ROWS_PER_BATCH
+    table = pa.table({"input_ids": pa.array([[i] * 1500 for i in range(rows)], type=pa.list_(pa.int32()))})
+    records = write_shards(table, tmp_path, "task-00000-of-00001", shard_bytes=1 << 40)
+    reader = pa.ipc.open_stream(pa.memory_map(str(tmp_path / records[0].path)))
+    sizes = [batch.num_rows for batch in reader]
+    assert sum(sizes) == rows and len(sizes) == math.ceil(table.nbytes / BATCH_BYTES)
 
 
 def test_an_empty_part_still_writes_one_empty_shard_that_opens(tmp_path: Path) -> None:

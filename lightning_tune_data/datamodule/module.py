@@ -74,7 +74,7 @@ class TextDataModule(LightningDataModule):
         seed: seeds shuffling and interleaving; same seed + config => same batches, bitwise.
         cache_dir: where preprocessed datasets are cached (default ``default_cache_dir()``).
         packing: ``None`` (pad each sample), ``"greedy"``, ``"best_fit"`` or ``"concat"``.
-        packing_buffer_size: documents the ``best_fit`` packer may hold to choose from.
+        packing_buffer_size: open packs (not documents) ``best_fit`` keeps and places into.
         overlong: documents longer than ``max_seq_len`` are ``"truncate"``-d or ``"drop"``-ped
             (counted); ``concat`` packing splits them across blocks instead.
         multidataset_stopping_strategy: ``"infinite"`` (default: every source restarts with a

@@ -9,7 +9,7 @@ directory on the import path, so a module next to where the command runs is foun
 cannot be built (missing file, bad option, failing import) stops the run with one message that
 starts with the config path of the source, e.g. ``data.dataset_managers.train.notes: ...``.
 
-Every config or data error is one line on stderr (:mod:`lightning_tune_data.cli.errors`): a
+Every config or data error is one line on stderr (:mod:`lightning_tune_data.cli.error_lines`): a
 misspelt key gets the closest accepted spelling, a data error (missing column, unreachable dataset)
 is addressed by its source's config path. ``LIGHTNING_TUNE_DATA_VERBOSE=1`` shows the full parser
 message or traceback instead. Ctrl-C stops a run with Lightning's graceful shutdown, whenever it
@@ -35,7 +35,7 @@ from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
-from lightning_tune_data.cli.errors import (
+from lightning_tune_data.cli.error_lines import (
     PROGRAM,
     VERBOSE_VARIABLE,
     ConfigError,

@@ -54,5 +54,5 @@ def command_summary(name: str) -> str:
 
 
 def command_summaries() -> dict[str, str]:
-    """Every subcommand of :data:`COMMANDS` with its one-line help, in name order."""
-    return {name: command_summary(name) for name in sorted(COMMANDS)}
+    """Every subcommand of :data:`COMMANDS` with its one-line help, in the order they are registered."""
+    return {name: command_summary(name) for name in COMMANDS}

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from conftest import make_texts, write_jsonl
 
-from lightning_tune_data.cli.errors import (
+from lightning_tune_data.cli.error_lines import (
     VERBOSE_VARIABLE,
     config_files,
     describe_parse_error,

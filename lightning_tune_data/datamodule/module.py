@@ -74,7 +74,7 @@ class TextDataModule(LightningDataModule):
         cache_dir: where preprocessed datasets are stored: a local path or an fsspec URL such as
             ``s3://bucket/prefix`` (default ``default_cache_dir()``).
         packing: ``None`` (pad each sample), ``"greedy"``, ``"best_fit"`` or ``"concat"``.
-        packing_buffer_size: documents the ``best_fit`` packer may hold to choose from.
+        packing_buffer_size: open packs (not documents) ``best_fit`` keeps and places into.
         overlong: documents longer than ``max_seq_len`` are ``"truncate"``-d or ``"drop"``-ped
             (counted); ``concat`` packing splits them across blocks instead.
         multidataset_stopping_strategy: ``"infinite"`` (default: sources restart with a new shuffle;

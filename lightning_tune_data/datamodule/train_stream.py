@@ -84,7 +84,7 @@ class TrainStreamConfig:
         mix_by: what the managers' weights are shares of: ``"documents"`` or ``"tokens"``.
         stream_name: name of the mixture when several sources are interleaved.
         packing: ``None`` (no packing) or the packing strategy's name.
-        packing_buffer_size: documents the ``best_fit`` packer may hold to choose from.
+        packing_buffer_size: open packs (not documents) ``best_fit`` keeps and places into.
         num_workers: dataloader workers per rank (each reads its own shard of every source).
     """
 

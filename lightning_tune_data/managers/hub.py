@@ -74,7 +74,7 @@ class DatasetManager(SourceManager):
         max_error_count: Rows whose preprocessing fails, or samples whose stream transforms
             raise, that may be skipped (and counted) before raising with the first failure's row
             and traceback. Preprocessing failures are counted over the whole dataset (the count
-            is in the cache's ``_manifest.json`` as ``skipped_rows``); transform failures per
+            is in the store's commit as ``skipped_rows``); transform failures per
             rank x worker shard. Streaming sources skip and count preprocessing failures as they
             stream, per shard.
         message_transform, model_transform, output_transform: optional per-sample callables

@@ -101,20 +101,36 @@ class LocalDatasetManager(DatasetManager):
         skip_blank_lines: With ``ds_type="text"``, drop lines that are empty or only whitespace
             (by default each of them becomes a document holding just BOS and EOS).
         split: Split name; with a ``{split: files}`` mapping it selects the entry.
-        weight: See :class:`DatasetManager` (all remaining arguments are the same).
-        preprocess_function: See :class:`DatasetManager`.
-        preprocess_kwargs: See :class:`DatasetManager`.
-        columns_to_remove: See :class:`DatasetManager`.
-        stages: See :class:`DatasetManager`.
-        streaming: See :class:`DatasetManager`.
-        num_proc: See :class:`DatasetManager`.
+        weight: Relative sampling weight when several train sources are interleaved (>= 0).
+        preprocess_function: Dotted path or callable ``fn(examples, tokenizer, **kwargs)``
+            returning ``{"input_ids", ["loss_mask"]}``; ``None`` when the data already holds an
+            ``input_ids`` column.
+        preprocess_kwargs: Extra keyword arguments for ``preprocess_function``.
+        columns_to_remove: Columns dropped by the ``.map`` (default: all original columns). The
+            cache keeps only ``input_ids`` (and ``loss_mask``) either way.
+        stages: Trainer stages this source is used in (default: all of fit/validate/test/predict).
+        streaming: Stream with ``load_dataset(streaming=True)`` and tokenize lazily (no cache).
+        num_proc: Processes for download preparation and tokenization.
         load_kwargs: Extra ``load_dataset`` options (e.g. ``{"delimiter": ";"}`` for CSV).
-        shuffle: See :class:`DatasetManager`.
-        max_error_count: See :class:`DatasetManager`.
-        message_transform, model_transform, output_transform, filter_fn, filter_kwargs: See
-            :class:`DatasetManager`.
-        stream_retries: See :class:`DatasetManager`.
-        cache_dir: See :class:`DatasetManager`.
+        shuffle: Whether the training stream shuffles this source.
+        max_error_count: Rows whose preprocessing fails, or samples whose stream transforms
+            raise, that may be skipped (and counted) before raising with the first failure's row
+            and traceback. Preprocessing failures are counted over the whole dataset (the count
+            is in the store's commit as ``skipped_rows``); transform failures per
+            rank x worker shard. Streaming sources skip and count preprocessing failures as they
+            stream, per shard.
+        message_transform, model_transform, output_transform: optional per-sample callables
+            (or dotted paths) applied in this order to each streamed train document.
+        filter_fn: optional predicate (or dotted path) ``filter_fn(sample, **filter_kwargs)``;
+            ``False`` skips the sample.
+        filter_kwargs: keyword arguments for ``filter_fn``.
+        stream_retries: network retries of a streaming source, e.g. ``{"max_retries": 3,
+            "retry_backoff_s": 1.0, "retry_timeout_s": 300, "read_timeout_s": 60}`` (these are the
+            defaults): a failed read is retried ``max_retries`` times in a row, waiting
+            ``retry_backoff_s`` doubled each time, within ``retry_timeout_s`` seconds; a server
+            silent for ``read_timeout_s`` counts as a failure.
+        cache_dir: where this source's store lives instead of under the datamodule's
+            ``cache_dir`` (a local path or an fsspec URL; the datamodule's ``storage_options`` apply).
 
     Raises:
         DataSourceError: Unknown or contradicting ``ds_type``, or unknown split.

@@ -8,6 +8,7 @@ whole dataset after the map, and dropped (or the build fails once the budget is 
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import traceback
 import warnings
@@ -82,8 +83,11 @@ class PreprocessRunner:
 
     def _missing_column(self, column: str, available: list[str], kwarg: str | None) -> str:
         kwarg = kwarg or self._kwarg_naming(column)
+        close = difflib.get_close_matches(column, available, n=1)
         fix = (
-            f"Set preprocess_kwargs: {{{kwarg}: <one of {available}>}}"
+            f"Did you mean '{close[0]}'? Set preprocess_kwargs: {{{kwarg}: {close[0]}}}"
+            if kwarg and close
+            else f"Set preprocess_kwargs: {{{kwarg}: <one of {available}>}}"
             if kwarg
             else "Rename the column in the data or use a preprocess_function that reads one of "
             "the available columns"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lightning_tune_data.tokenizers.base import Tokenizer
+
 __all__ = ["ByteTokenizer"]
 
 
-class ByteTokenizer:
+class ByteTokenizer(Tokenizer):
     """UTF-8 bytes as tokens: ids 0-255 are bytes, then BOS=256, EOS=257, PAD=258.
 
     Needs no files and no network, so it is the default for quickstarts and tests. ``pad_id`` is

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from lightning_tune_data.tokenizers.base import Tokenizer
 from lightning_tune_data.tokenizers.files import import_optional, sha256_files
 from lightning_tune_data.tokenizers.special_tokens import resolve_special_ids
 
 __all__ = ["TokenizerFileTokenizer"]
 
 
-class TokenizerFileTokenizer:
+class TokenizerFileTokenizer(Tokenizer):
     """A ``tokenizers`` library tokenizer loaded from a ``tokenizer.json`` file.
 
     ``encode`` never adds special tokens (the preprocessing step adds BOS/EOS explicitly, so
@@ -29,9 +30,12 @@ class TokenizerFileTokenizer:
 
     Args:
         path: path to a ``tokenizer.json`` written by ``tokenizers.Tokenizer.save``.
-        bos_token: token string to use as BOS; ``None`` tries the defaults.
-        eos_token: token string to use as EOS; ``None`` tries the defaults.
-        pad_token: token string to use as padding; ``None`` tries the defaults, then uses EOS.
+        bos_token: token string to use as BOS; ``None`` tries, in order, ``<s>``,
+            ``<|begin_of_text|>``, ``<|startoftext|>``, ``<bos>``, ``[BOS]``, ``<|endoftext|>``.
+        eos_token: token string to use as EOS; ``None`` tries, in order, ``</s>``,
+            ``<|end_of_text|>``, ``<|endoftext|>``, ``<eos>``, ``[EOS]``.
+        pad_token: token string to use as padding; ``None`` tries, in order, ``<pad>``, ``[PAD]``,
+            ``<|pad|>``, ``<|padding|>``, then uses EOS.
 
     Raises:
         ImportError: ``tokenizers`` is not installed.

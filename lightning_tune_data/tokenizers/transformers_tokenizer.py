@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from lightning_tune_data.tokenizers.base import Tokenizer
 from lightning_tune_data.tokenizers.files import TOKENIZER_FILE_NAMES, import_optional, sha256_files
 from lightning_tune_data.tokenizers.special_tokens import resolve_special_ids
 
 __all__ = ["TransformersTokenizer"]
 
 
-class TransformersTokenizer:
+class TransformersTokenizer(Tokenizer):
     """A ``transformers`` tokenizer loaded from a local ``save_pretrained`` directory.
 
     Loaded with ``AutoTokenizer.from_pretrained(path, local_files_only=True)``: nothing is
@@ -31,10 +32,13 @@ class TransformersTokenizer:
 
     Args:
         path: local directory written by ``tokenizer.save_pretrained``.
-        bos_token: token string to use as BOS; ``None`` uses the tokenizer's own, then defaults.
-        eos_token: token string to use as EOS; ``None`` uses the tokenizer's own, then defaults.
-        pad_token: token string to use as padding; ``None`` uses the tokenizer's own, then
-            defaults, then EOS.
+        bos_token: token string to use as BOS; ``None`` uses the tokenizer's own, else tries, in
+            order, ``<s>``, ``<|begin_of_text|>``, ``<|startoftext|>``, ``<bos>``, ``[BOS]``,
+            ``<|endoftext|>``.
+        eos_token: token string to use as EOS; ``None`` uses the tokenizer's own, else tries, in
+            order, ``</s>``, ``<|end_of_text|>``, ``<|endoftext|>``, ``<eos>``, ``[EOS]``.
+        pad_token: token string to use as padding; ``None`` uses the tokenizer's own, else tries,
+            in order, ``<pad>``, ``[PAD]``, ``<|pad|>``, ``<|padding|>``, then uses EOS.
 
     Raises:
         ImportError: ``transformers`` is not installed.

@@ -136,12 +136,53 @@ def eval_args(cli_root: Path, subcommand: str, checkpoint: Path) -> list[str]:
 
 
 # -- help -----------------------------------------------------------------------------------------
-def test_console_script_help_lists_the_four_subcommands():
-    entry_point = Path(sys.executable).parent / "lightning-tune-data"
-    result = subprocess.run([str(entry_point), "--help"], capture_output=True, text=True, timeout=120)
+def test_console_script_help_lists_the_lightning_and_the_data_subcommands():
+    from lightning_tune_data.commands import COMMANDS, command_summary
+
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "lightning_tune_data", "--help"], capture_output=True, text=True,
+                            timeout=120, env=env)
     assert result.returncode == 0, result.stderr
-    for subcommand in ("fit", "validate", "test", "predict"):
-        assert subcommand in result.stdout
+    assert result.stdout.startswith("usage: lightning-tune-data")
+    listed = [line.split()[0] for line in result.stdout.split("Available subcommands:")[1].splitlines()
+              if line.startswith("    ") and not line.startswith("      ")]
+    assert listed == ["fit", "validate", "test", "predict", *COMMANDS]  # every registered command, from one place
+    assert set(COMMANDS) >= {"cache", "report"}
+    assert all(command_summary(name) and command_summary(name)[0].isupper() for name in COMMANDS)
+    assert "LIGHTNING_TUNE_DATA_VERBOSE=1" in " ".join(result.stdout.split())
+
+
+def test_tokenizer_help_accepts_the_short_class_name_and_lists_the_special_tokens_tried(capsys):
+    from lightning_tune_data.tokenizers import DEFAULT_BOS_TOKENS, DEFAULT_EOS_TOKENS, DEFAULT_PAD_TOKENS
+
+    for name in ("TokenizerFileTokenizer", "TransformersTokenizer"):
+        with pytest.raises(SystemExit) as exit_info:
+            run_cli(["fit", "--data.tokenizer.help", name])
+        assert exit_info.value.code in (0, None)
+        out = " ".join(capsys.readouterr().out.split())
+        assert f"--data.tokenizer.help=lightning_tune_data.{name}" in out
+        for token in (*DEFAULT_BOS_TOKENS, *DEFAULT_EOS_TOKENS, *DEFAULT_PAD_TOKENS):
+            assert f"``{token}``" in out, f"{name} help does not say that {token} is tried"
+
+
+@pytest.mark.parametrize("manager", ["DatasetManager", "LocalDatasetManager", "UnconditionalGenerationDatasetManager"])
+def test_manager_help_describes_every_option_itself(manager, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(["fit", "--data.dataset_managers.help", manager])
+    assert exit_info.value.code in (0, None)
+    out = capsys.readouterr().out
+    assert "See :class:" not in out
+    assert "--data.dataset_managers.stages" in out
+    if manager != "UnconditionalGenerationDatasetManager":
+        assert "Relative sampling weight" in " ".join(out.split())
+
+
+def test_fit_help_says_packing_buffer_size_counts_open_packs(capsys):
+    with pytest.raises(SystemExit):
+        run_cli(["fit", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    help_text = out.split("--data.packing_buffer_size PACKING_BUFFER_SIZE")[-1][:120]
+    assert "open packs" in help_text and "documents the" not in help_text
 
 
 def test_run_cli_fit_help_documents_the_datamodule_options(capsys):

@@ -36,3 +36,15 @@ def test_any_object_with_the_contract_is_a_tokenizer_and_one_without_identity_is
             return ""
 
     assert not isinstance(NoIdentity(), Tokenizer)
+
+
+def test_built_in_tokenizers_are_found_by_their_short_class_name() -> None:
+    # The CLI resolves `--data.tokenizer.help TokenizerFileTokenizer` (and `class_path:
+    # TokenizerFileTokenizer`) from the subclasses of the tokenizer type.
+    from jsonargparse._typehints import resolve_class_path_by_name
+
+    from lightning_tune_data.tokenizers import ByteTokenizer, Tokenizer, TokenizerFileTokenizer, TransformersTokenizer
+
+    for cls in (ByteTokenizer, TokenizerFileTokenizer, TransformersTokenizer):
+        assert Tokenizer in cls.__mro__
+        assert resolve_class_path_by_name(Tokenizer, cls.__name__) == f"lightning_tune_data.{cls.__name__}"

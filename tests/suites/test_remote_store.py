@@ -35,6 +35,7 @@ SCRIPTS = REPO / "tests" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 from remote_store_fns import KILL_AT  # noqa: E402
 
+pytestmark = pytest.mark.filterwarnings("ignore:Train source .* longer than max_seq_len")
 SOURCES = ("a", "b")
 A_FILES, A_ROWS, B_ROWS = 4, 15, 37
 
@@ -346,6 +347,17 @@ def test_an_unreachable_endpoint_fails_prepare_data_with_one_line_naming_the_url
     assert message.startswith("cache_dir s3://unreachable-bucket/prefix: cannot use s3://unreachable-bucket/prefix/")
     assert f"127.0.0.1:{port}" in message and "endpoint_url" in message
     assert "Traceback" not in message and "botocore" not in message
+
+
+def test_a_missing_bucket_fails_prepare_data_with_one_line_naming_the_url(s3, tmp_path):
+    files = write_corpus(tmp_path)
+    url = f"s3://{s3.bucket}-missing/prefix"  # the test server is up; this bucket was never created
+    datamodule = datamodule_from_config(config(files, url, tmp_path / "node", s3.storage_options))
+    with pytest.raises(StorageError) as failed:
+        datamodule.prepare_data()
+    message = str(failed.value)
+    assert "\n" not in message and message.startswith(f"cache_dir {url}: cannot write {url}/a-")
+    assert "bucket does not exist" in message and "create the bucket" in message
 
 
 def test_a_task_count_other_than_the_partly_written_stores_fails_naming_both_counts_and_the_fix(s3, tmp_path, capsys):

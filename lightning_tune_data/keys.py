@@ -43,8 +43,12 @@ PROVENANCE = "provenance"
 TOKENS = "tokens"
 ROW = "row"
 NEW_DOCUMENT = "new_document"
+#: Positions of the document (piece) whose label is a target, counted by the collator from the
+#: batch's labels: ``0`` means the document adds nothing to the loss (e.g. a prompt that fills
+#: ``max_seq_len``, so truncation left no completion token).
+TARGET_TOKENS = "target_tokens"
 #: Every provenance field, in the order collators write them.
-PROVENANCE_FIELDS = (SOURCE, EPOCH, TOKENS, ROW, NEW_DOCUMENT, TRUNCATED_TOKENS, DROPPED_BEFORE)
+PROVENANCE_FIELDS = (SOURCE, EPOCH, TOKENS, ROW, NEW_DOCUMENT, TRUNCATED_TOKENS, DROPPED_BEFORE, TARGET_TOKENS)
 
 #: Label of a position with no target (document end, padding, masked prompt): ignored by the loss.
 IGNORE_INDEX = -100

@@ -7,7 +7,14 @@ Every other part of the package asks this one where a cache lives and whether it
 * :mod:`~lightning_tune_data.cache.marker`: the completion marker that makes a folder a cache;
 * :mod:`~lightning_tune_data.cache.store`: the crash-safe, lock-guarded build;
 * :mod:`~lightning_tune_data.cache.checksums`: content hashes of data files and cache files;
-* :mod:`~lightning_tune_data.cache.saved_dataset`: the tokenized dataset and its manifest;
+* :mod:`~lightning_tune_data.cache.root`: where a cache root lives (local or any fsspec URL);
+* :mod:`~lightning_tune_data.cache.store_files`: a store folder's files on that filesystem;
+* :mod:`~lightning_tune_data.cache.shards`: a token store's Arrow shards, written and memory-mapped;
+* :mod:`~lightning_tune_data.cache.tasks`: the tasks that write a store and the commit;
+* :mod:`~lightning_tune_data.cache.store_reader`: opening a committed store;
+* :mod:`~lightning_tune_data.cache.mirror`: whole-store downloads and uploads, verified;
+* :mod:`~lightning_tune_data.cache.verified`: which files were verified, in what state;
+* :mod:`~lightning_tune_data.cache.saved_dataset`: the layout of earlier versions, still read;
 * :mod:`~lightning_tune_data.cache.records`: what a build recorded, and what changed since;
 * :mod:`~lightning_tune_data.cache.sizes`: how much room caches take.
 """

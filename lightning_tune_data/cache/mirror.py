@@ -14,12 +14,14 @@ import logging
 import os
 import shutil
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
+from tqdm.auto import tqdm
 
-from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM, file_checksum
+from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM, VerifyMode, file_checksum, verify_files
 from lightning_tune_data.cache.fingerprints import canonical_json
 from lightning_tune_data.cache.layout import lock_path, temporary_prefix
 from lightning_tune_data.cache.marker import COMPLETE_MARKER, marker_matches, read_cache_metadata
@@ -58,7 +60,18 @@ def _fetch_verified(files: StoreFiles, relative: str, expected: dict[str, Any], 
     )
 
 
-def download_store(files: StoreFiles, content: dict[str, Any], local_folder: Path, description: str) -> Path:
+def _intact_copy(local_folder: Path, content: dict[str, Any], verify_mode: VerifyMode, warn: bool = True) -> bool:
+    if canonical_json(read_cache_metadata(local_folder)) != canonical_json(content):
+        return False
+    problem = verify_files(local_folder, content.get("files") or {}, verify_mode)
+    if problem is not None and warn:
+        warnings.warn(f"Removing the corrupt local copy {local_folder} ({problem}); downloading it again.",
+                      stacklevel=3)
+    return problem is None
+
+
+def download_store(files: StoreFiles, content: dict[str, Any], local_folder: Path, description: str,
+                   verify_mode: VerifyMode = "checksum") -> Path:
     """A verified local copy of the committed store ``files`` (downloaded only when missing).
 
     Args:
@@ -66,6 +79,8 @@ def download_store(files: StoreFiles, content: dict[str, Any], local_folder: Pat
         content: Its commit (the completion marker's content).
         local_folder: Where this node keeps the copy.
         description: Names the source in messages.
+        verify_mode: How an existing copy is checked before it is reused (a corrupt copy is
+            downloaded again, with a warning naming the file).
 
     Returns:
         ``local_folder``.
@@ -73,11 +88,11 @@ def download_store(files: StoreFiles, content: dict[str, Any], local_folder: Pat
     Raises:
         StoreCorruptError: A file does not match its recorded checksum, twice.
     """
-    if canonical_json(read_cache_metadata(local_folder)) == canonical_json(content):
+    if _intact_copy(local_folder, content, verify_mode):
         return local_folder
     local_folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(lock_path(local_folder))):
-        if canonical_json(read_cache_metadata(local_folder)) == canonical_json(content):
+        if _intact_copy(local_folder, content, verify_mode, warn=False):
             return local_folder  # another process of this node downloaded it meanwhile
         for stale in local_folder.parent.glob(temporary_prefix(local_folder) + "*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -90,8 +105,11 @@ def download_store(files: StoreFiles, content: dict[str, Any], local_folder: Pat
         log.info("%s: downloading store %s (%s, %d files) to %s", description, files.url(), human_size(total),
                  len(recorded), local_folder)
         try:
-            for relative, expected in sorted(recorded.items()):
-                _fetch_verified(files, relative, expected, temp / relative)
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"Downloading {local_folder.name}",
+                      leave=False) as bar:
+                for relative, expected in sorted(recorded.items()):
+                    _fetch_verified(files, relative, expected, temp / relative)
+                    bar.update(int(expected.get("size", 0)))
             (temp / COMPLETE_MARKER).write_bytes(files.read_bytes(COMPLETE_MARKER) or b"")
             if not marker_matches(read_cache_metadata(temp), content.get("metadata")):
                 raise StoreCorruptError(f"{files.url(COMPLETE_MARKER)} changed during the download; run again.")
@@ -116,9 +134,12 @@ def upload_store(local_folder: Path, files: StoreFiles, description: str) -> Non
     recorded = content.get("files") or {}
     log.info("%s: uploading store to %s (%s)", description, files.url(),
              human_size(sum(int(e.get("size", 0)) for e in recorded.values())))
-    for relative, expected in sorted(recorded.items()):
-        if files.size(relative) != expected.get("size"):
-            files.put(local_folder / relative, relative)
+    with tqdm(total=sum(int(e.get("size", 0)) for e in recorded.values()), unit="B", unit_scale=True,
+              desc=f"Uploading {local_folder.name}", leave=False) as bar:
+        for relative, expected in sorted(recorded.items()):
+            if files.size(relative) != expected.get("size"):
+                files.put(local_folder / relative, relative)
+            bar.update(int(expected.get("size", 0)))
     files.put(local_folder / COMPLETE_MARKER, COMPLETE_MARKER)
 
 
@@ -132,7 +153,7 @@ def publish_task(staging: Path, files: StoreFiles, manifest: TaskManifest) -> No
         manifest: What the task wrote.
     """
     for shard in manifest.shards:
-        files.put(staging / shard.path, shard.path)
+        files.put(staging / shard.path, shard.path, move=True)
     index, count = manifest.task_index, manifest.num_tasks
-    files.put(staging / task_manifest_path(index, count), task_manifest_path(index, count))
-    files.put(staging / done_marker_path(index, count), done_marker_path(index, count))
+    files.put(staging / task_manifest_path(index, count), task_manifest_path(index, count), move=True)
+    files.put(staging / done_marker_path(index, count), done_marker_path(index, count), move=True)

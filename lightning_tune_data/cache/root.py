@@ -48,9 +48,10 @@ def parse_size(value: int | str) -> int:
         text = str(value).strip().upper().replace(" ", "")
         digits = text.rstrip("BKMGTI")
         unit = text[len(digits):]
-        if unit not in _UNITS or not digits:
-            raise ValueError(f"{value!r} is not a size; write e.g. 268435456, '256MB' or '1GiB'.")
-        number = int(float(digits) * _UNITS[unit])
+        try:
+            number = int(float(digits) * _UNITS[unit])
+        except (KeyError, ValueError):
+            raise ValueError(f"{value!r} is not a size; write e.g. 268435456, '256MB' or '1GiB'.") from None
     if number <= 0:
         raise ValueError(f"{value!r} is not a positive size.")
     return number
@@ -104,6 +105,16 @@ class StoreRoot:
         if isinstance(root, StoreRoot):
             return root
         return cls(os.fspath(root), **{k: v for k, v in options.items() if v is not None})
+
+    def with_url(self, url: str | os.PathLike[str] | None) -> StoreRoot:
+        """This root moved to ``url`` (a source's own ``cache_dir``), keeping the storage options,
+        the shard size and, for a remote ``url``, this node's local folder; ``None``: this root."""
+        if url is None:
+            return self
+        moved = StoreRoot(os.fspath(url), self.storage_options, shard_bytes=self.shard_bytes)
+        if moved.is_remote and self.is_remote:
+            return StoreRoot(moved.url, self.storage_options, self.local_dir, self.shard_bytes)
+        return moved
 
     @property
     def is_remote(self) -> bool:

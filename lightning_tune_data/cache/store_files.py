@@ -116,13 +116,26 @@ class StoreFiles:
         self.write_bytes(relative, data)
         return data
 
-    def put(self, local: Path, relative: str) -> None:
-        """Copy a local file into the store (whole, as :meth:`write_bytes`)."""
+    def put(self, local: Path, relative: str, move: bool = False) -> None:
+        """Copy a local file into the store (whole, as :meth:`write_bytes`).
+
+        Args:
+            local: The file.
+            relative: Its path in the store.
+            move: On a local root, move the file instead of copying it when both are on one
+                filesystem (the file was written for the store and is not needed elsewhere).
+        """
         if self.fs is None:
             target = Path(self.path(relative))
             if target.resolve() == local.resolve():
                 return
             target.parent.mkdir(parents=True, exist_ok=True)
+            if move:
+                try:
+                    os.replace(local, target)
+                    return
+                except OSError:
+                    pass  # another filesystem: copy
             temp = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
             shutil.copyfile(local, temp)
             with open(temp, "rb") as handle:

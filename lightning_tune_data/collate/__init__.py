@@ -11,7 +11,8 @@ of the *same document*, or ``-100`` (ignored) where there is no target: at each 
 token, on padding, and where the next token is a masked prompt token.
 
 The provenance side channel is a dict of plain Python lists with one entry per document in the
-batch (``source``, ``epoch``, ``tokens``, ``row``, ``new_document``; packed batches also carry
+batch (``source``, ``epoch``, ``tokens``, ``row``, ``new_document``, ``target_tokens``: how many
+of the document's labels are targets; packed batches also carry
 every other key of the packer's per-document provenance, such as ``truncated_tokens`` and
 ``dropped_before``). It is small, crosses the worker boundary cheaply, and feeds the per-source
 metrics and per-source losses in the main process.

@@ -38,6 +38,7 @@ from lightning_tune_data.keys import (
     ROW,
     SEQ_LENS,
     SOURCE,
+    TARGET_TOKENS,
     TOKENS,
     TRUNCATED_TOKENS,
 )
@@ -72,7 +73,23 @@ def _outputs(planes: int, batch_size: int, width: int, max_documents: int,
         batch_size, max_documents)
 
 
-def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, list[Any]]:
+def segment_targets(labels: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """How many labels of each segment of ``labels`` are targets (not ``-100``), in one reduction.
+
+    Args:
+        labels: 1-D labels (a batch's, flattened, or one pack's).
+        starts: first position of each segment, increasing from 0; a segment runs to the next
+            start (the last one to the end). Only non-empty segments get a meaningful count.
+    """
+    targets = (labels != IGNORE_INDEX).view(np.uint8)
+    inside = int(np.searchsorted(starts, labels.shape[0]))  # empty segments at the very end start past it
+    counts = np.zeros(starts.shape[0], dtype=np.int32)
+    counts[:inside] = np.add.reduceat(targets, starts[:inside], dtype=np.int32)
+    return counts
+
+
+def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]],
+                      target_tokens: Sequence[int] | None = None) -> dict[str, list[Any]]:
     """The per-document provenance of packed rows as one dict of lists, flattened over rows.
 
     Every key found in any document's provenance dict is carried, and always ``truncated_tokens``
@@ -82,6 +99,8 @@ def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, 
 
     Args:
         rows: per batch row, the provenance dicts of its documents, in order.
+        target_tokens: target labels of each document, flattened over rows (the collator counts
+            them from the labels it writes); written as ``target_tokens`` when given.
     """
     documents = [document for row in rows for document in row]
     provenance: dict[str, list[Any]] = {
@@ -91,6 +110,8 @@ def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, 
         ROW: [row for row, documents_in_row in enumerate(rows) for _ in documents_in_row],
         NEW_DOCUMENT: [bool(d[NEW_DOCUMENT]) for d in documents],
     }
+    if target_tokens is not None:
+        provenance[TARGET_TOKENS] = [int(count) for count in target_tokens]
     for key in sorted(set().union(*documents, (TRUNCATED_TOKENS, DROPPED_BEFORE)).difference(provenance)):
         provenance[key] = [document.get(key, 0) for document in documents]
     return provenance
@@ -227,7 +248,9 @@ class PackedCollator:
         batch: dict[str, Any] = dict(zip(self._ARRAY_KEYS, planes))
         batch[ATTENTION_MASK] = planes[len(fills)]
         batch[SEQ_LENS] = seq_lens_tensor
-        batch[PROVENANCE] = packed_provenance([v[2] for v in validated])
+        targets = [count for arrays, row_seq_lens, _ in validated
+                   for count in segment_targets(arrays[1], np.cumsum([0, *row_seq_lens[:-1]])).tolist()]
+        batch[PROVENANCE] = packed_provenance([v[2] for v in validated], targets)
         return batch
 
     def _collate_packs(self, packs: list[Pack]) -> dict[str, Any]:
@@ -294,7 +317,8 @@ class PackedCollator:
                     start += ref[LENGTH_AT]
         np.subtract(self._arange(batch_size * width), (segment_ends - segment_lens_array).repeat(segment_lens_array),
                     out=views[2].reshape(-1))
-        views[3].reshape(-1)[:] = np.array(segment_documents, dtype=np.int64).repeat(segment_lens_array)
+        segment_documents_array = np.array(segment_documents, dtype=np.int64)
+        views[3].reshape(-1)[:] = segment_documents_array.repeat(segment_lens_array)
         views[len(fills)].fill(1)
         padding = np.array((*fills[1:], 0), dtype=np.int64)[:, None]
         for row, n in enumerate(pack_lengths):
@@ -312,6 +336,8 @@ class PackedCollator:
             NEW_DOCUMENT: list(columns[NEW_DOCUMENT_AT]),
             DROPPED_BEFORE: list(columns[DROPPED_AT]),
             TRUNCATED_TOKENS: list(columns[TRUNCATED_AT]),
+            TARGET_TOKENS: segment_targets(flat_labels, segment_ends - segment_lens_array)[
+                segment_documents_array != PAD_DOCUMENT_ID].tolist(),  # every segment but the rows' padding
         }
         return batch
 

@@ -35,6 +35,7 @@ from lightning_tune_data.keys import (
     PROVENANCE,
     ROW,
     SOURCE,
+    TARGET_TOKENS,
     TOKENS,
     TRUNCATED_TOKENS,
 )
@@ -68,8 +69,9 @@ class PaddedCollator:
     and ``epoch`` (int); other keys are ignored. The output also carries ``provenance``: plain
     lists ``source``, ``epoch``, ``tokens`` (real tokens of the document in this batch), ``row``,
     ``new_document`` (always ``True`` here), ``truncated_tokens`` (the sample's own
-    ``truncated_tokens`` plus any tokens cut here) and ``dropped_before`` (the sample's,
-    default 0), one entry per row.
+    ``truncated_tokens`` plus any tokens cut here), ``dropped_before`` (the sample's,
+    default 0) and ``target_tokens`` (labels of the row that are targets; ``0``: the document
+    adds nothing to the loss), one entry per row.
 
     Args:
         pad_id: token id written on padding positions (the tokenizer's ``pad_id``).
@@ -110,7 +112,7 @@ class PaddedCollator:
         if documents is None:
             documents = self._checked_documents(samples)
         lengths, tokens, masks, sources, epochs, truncated, dropped = documents
-        input_ids, labels, attention_mask, position_ids = self._block(lengths, tokens, masks)
+        (input_ids, labels, attention_mask, position_ids), targets = self._block(lengths, tokens, masks)
         batch_size = len(lengths)
         return {
             INPUT_IDS: input_ids,
@@ -125,6 +127,7 @@ class PaddedCollator:
                 NEW_DOCUMENT: [True] * batch_size,
                 TRUNCATED_TOKENS: truncated,
                 DROPPED_BEFORE: dropped,
+                TARGET_TOKENS: targets,
             },
         }
 
@@ -215,8 +218,9 @@ class PaddedCollator:
 
     def _block(
         self, lengths: list[int], tokens: np.ndarray, masks: Sequence[np.ndarray | None] | None
-    ) -> tuple[torch.Tensor, ...]:
-        """The ``[4, B, L]`` block's planes: input_ids, labels, attention_mask and position_ids.
+    ) -> tuple[tuple[torch.Tensor, ...], list[int]]:
+        """The ``[4, B, L]`` block's planes (input_ids, labels, attention_mask and position_ids) and
+        the number of target labels of each row.
 
         ``tokens`` are the documents' ids concatenated; the row-major "real token" mask scatters
         them into their rows in one pass. Labels are the padded ids shifted by one, copied only
@@ -242,7 +246,7 @@ class PaddedCollator:
             )
         labels.fill(IGNORE_INDEX)
         np.copyto(labels[:, :-1], input_ids[:, 1:], where=targets[:, 1:])
-        return planes
+        return planes, np.count_nonzero(targets[:, 1:], axis=1).tolist()
 
     def _real_tokens(self, lengths: list[int], width: int) -> np.ndarray:
         """``[B, width]`` bool: ``True`` at the columns below each row's length.

@@ -1,4 +1,4 @@
-"""``lightning-tune-data cache list|clean``: what the preprocessed-data cache holds, and tidying it.
+"""``lightning-tune-data cache list|clean|verify``: what the preprocessed-data cache holds, and tidying it.
 
 ``list`` shows one line per cache folder: its size, the source it was built for, when, and
 whether it is stale. ``clean`` removes the stale ones (``--all``: every cache; ``--dry-run``:
@@ -31,6 +31,8 @@ from lightning_tune_data.cache.layout import DOWNLOAD_FOLDER, is_orphan_lock, is
 from lightning_tune_data.cache.marker import COMPLETE_MARKER, read_cache_metadata
 from lightning_tune_data.cache.records import changed_data_file
 from lightning_tune_data.cache.sizes import human_size, tree_size
+from lightning_tune_data.cache.root import StoreRoot
+from lightning_tune_data.commands.cache_stores import clean_remote, list_remote, verify_root
 from lightning_tune_data.version import __version__
 
 __all__ = ["CacheEntry", "main", "scan"]
@@ -120,7 +122,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lightning-tune-data cache", description=__doc__.split("\n\n")[0])
     actions = parser.add_subparsers(dest="action", required=True)
     for name, text in (("list", "show caches: size, source, build time, stale or ok"),
-                       ("clean", "remove stale caches (or all with --all)")):
+                       ("clean", "remove stale caches (or all with --all)"),
+                       ("verify", "re-hash every file of every cache and compare with its recorded checksum")):
         sub = actions.add_parser(name, help=text)
         sub.add_argument("--cache_dir", "--cache-dir", default=str(default_cache_dir()),
                          help="the cache root (the data.cache_dir of your config; default: %(default)s)")
@@ -138,6 +141,13 @@ def main(argv: list[str]) -> int:
         argv: The arguments after ``cache`` (``list``/``clean`` and their options).
     """
     args = _parser().parse_args(argv)
+    if args.action == "verify":
+        return verify_root(args)
+    if "://" in args.cache_dir and not args.cache_dir.startswith("file://"):
+        remote = StoreRoot(args.cache_dir)
+        if args.action == "list":
+            return list_remote(remote, args.source)
+        return clean_remote(remote, args.source, args.all, args.dry_run)
     root = Path(args.cache_dir).expanduser()
     entries = [e for e in scan(root) if args.source is None or e.source == args.source]
     if args.action == "list":

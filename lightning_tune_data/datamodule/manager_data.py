@@ -8,11 +8,12 @@ loaded datasets live in a ``{split: {name: dataset}}`` mapping the datamodule ow
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from lightning_tune_data.cache.checksums import VerifyMode
+from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.datamodule.splits import SPLITS, SPLITS_FOR_STAGE
 from lightning_tune_data.managers import UnconditionalGenerationDatasetManager
 from lightning_tune_data.tokenizers import Tokenizer
@@ -23,7 +24,8 @@ log = logging.getLogger(__name__)
 
 
 def prepare_datasets(
-    dataset_managers: Mapping[str, Mapping[str, Any]], tokenizer: Tokenizer, cache_dir: Path, cache_verify: VerifyMode
+    dataset_managers: Mapping[str, Mapping[str, Any]], tokenizer: Tokenizer, cache_dir: StoreRoot | str | os.PathLike[str],
+    cache_verify: VerifyMode,
 ) -> None:
     """Download, preprocess and cache every manager's data, split by split in config order.
 
@@ -32,7 +34,7 @@ def prepare_datasets(
     Args:
         dataset_managers: ``{split: {name: manager}}``.
         tokenizer: tokenizes every source.
-        cache_dir: where the caches are written.
+        cache_dir: where the caches are written (a source's own ``cache_dir`` moves its store).
         cache_verify: how a reused cache is checked: ``"checksum"`` or ``"size"``.
     """
     for split in SPLITS:
@@ -40,7 +42,7 @@ def prepare_datasets(
             if isinstance(manager, UnconditionalGenerationDatasetManager):
                 continue
             log.debug("Preparing %s/%s", split, name)  # the cache prints one line per source
-            manager.prepare_data(tokenizer, cache_dir, cache_verify=cache_verify)
+            manager.prepare_data(tokenizer, StoreRoot.of(cache_dir).with_url(manager.options.cache_dir), cache_verify=cache_verify)
 
 
 def set_up_datasets(
@@ -48,7 +50,7 @@ def set_up_datasets(
     dataset_managers: Mapping[str, Mapping[str, Any]],
     stage: str | None,
     tokenizer: Tokenizer,
-    cache_dir: Path,
+    cache_dir: StoreRoot | str | os.PathLike[str],
 ) -> None:
     """Load into ``datasets[split][name]`` every cache ``stage`` needs (all stages when ``None``).
 
@@ -59,7 +61,7 @@ def set_up_datasets(
         dataset_managers: ``{split: {name: manager}}``.
         stage: ``fit``, ``validate``, ``test``, ``predict`` or ``None``.
         tokenizer: the tokenizer the caches were built with.
-        cache_dir: where the caches are.
+        cache_dir: where the caches are (a source's own ``cache_dir`` moves its store).
     """
     stages = SPLITS_FOR_STAGE.keys() if stage is None else [stage]
     for lightning_stage in stages:
@@ -67,7 +69,7 @@ def set_up_datasets(
             for name, manager in (dataset_managers.get(split) or {}).items():
                 if lightning_stage not in manager.stages or name in datasets[split]:
                     continue
-                datasets[split][name] = manager.setup(tokenizer, cache_dir)
+                datasets[split][name] = manager.setup(tokenizer, StoreRoot.of(cache_dir).with_url(manager.options.cache_dir))
 
 
 def loaded_dataset(datasets: Mapping[str, Mapping[str, Any]], split: str, name: str) -> Any:

@@ -35,8 +35,8 @@ from lightning_tune_data.collate import PackedCollator, PaddedCollator
 from lightning_tune_data.datamodule.eval_loaders import eval_loaders
 from lightning_tune_data.datamodule.manager_data import loaded_dataset, prepare_datasets, set_up_datasets
 from lightning_tune_data.datamodule.splits import SPLITS, dataloader_name, dataloader_names, tell_managers_their_names
-from lightning_tune_data.datamodule.stage_checks import check_stage, trainer_is_evaluating
-from lightning_tune_data.datamodule.train_stream import TrainStreamConfig, normalised_weights, warn_overlong_documents
+from lightning_tune_data.datamodule.stage_checks import check_stage, check_train_documents, trainer_is_evaluating
+from lightning_tune_data.datamodule.train_stream import TrainStreamConfig, normalised_weights
 from lightning_tune_data.datamodule.validation import validated_managers
 from lightning_tune_data.distributed import current_rank_and_world_size
 from lightning_tune_data.keys import MixBy, OverlongPolicy, StoppingStrategy
@@ -160,7 +160,7 @@ class TextDataModule(LightningDataModule):
         self.eval_options = replace(self.train_options, batch_size=self.eval_batch_size,
                                     num_workers=self.eval_num_workers)
         self._datasets: dict[str, dict[str, Any]] = {split: {} for split in SPLITS}
-        self._overlong_checked = False  # setup warns about overlong documents once per datamodule
+        self._overlong_checked = False  # setup checks the train documents' lengths once per datamodule
         self._train_loader: ResumableLoader | None = None
         self._batches_consumed = 0
         self._resume = TrainResume(enabled=resume_data_state)
@@ -205,9 +205,9 @@ class TextDataModule(LightningDataModule):
         check_stage(self.dataset_managers, stage, getattr(self, "trainer", None),
                     infinite_stream=self.stopping_strategy == "infinite" and self.train_mode == "stream")
         set_up_datasets(self._datasets, self.dataset_managers, stage, self.tokenizer, self.store_root)
-        if self._datasets["train"] and not self._overlong_checked:
-            self._overlong_checked = True  # one pass over the cached lengths, once per datamodule
-            warn_overlong_documents(self._datasets["train"], self.max_seq_len, self.overlong, self.packing)
+        if self._datasets["train"] and not self._overlong_checked:  # one pass over the cached columns, once
+            self._overlong_checked = check_train_documents(self._datasets["train"], self._managers("train"),
+                                                           self.max_seq_len, self.overlong, self.packing)
 
     def dataset(self, split: str, name: str) -> Any:
         """The set-up (memory-mapped) dataset of manager ``name`` of ``split``: after :meth:`setup`."""

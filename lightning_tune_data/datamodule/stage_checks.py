@@ -1,13 +1,17 @@
-"""Checks a stage makes before it runs: that its split has data, that validation can happen, which stage runs."""
+"""Checks a stage makes before it runs: that its split has data, that validation can happen, that
+the train documents keep something to learn within ``max_seq_len``, which stage runs."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_tune_data.datamodule.splits import SPLITS_FOR_STAGE
+from lightning_tune_data.datamodule.train_stream import packing_splits_documents, warn_overlong_documents
+from lightning_tune_data.sources.lengths import NoTargetSummary, no_target_summary
 
 
 def check_stage(
@@ -75,6 +79,72 @@ def warn_if_validation_never_runs(trainer: Any, val_managers: dict[str, Any]) ->
             "to a number of steps (e.g. 100) and check_val_every_n_epoch to None (YAML: "
             "`val_check_interval: 100`, `check_val_every_n_epoch: null`)."
         )
+
+
+def check_train_documents(datasets: Mapping[str, Any], managers: Mapping[str, Any], max_seq_len: int,
+                          overlong: str, packing: str | None) -> bool:
+    """Warn about train documents the length policy cuts or drops, and about masked documents it
+    leaves with no target token; fail when none of a source's documents keeps one.
+
+    A prompt/completion document whose prompt fills ``max_seq_len`` keeps only masked tokens once
+    cut: it takes its share of the mix and of the compute but adds nothing to the loss. Counted
+    from the cached ``loss_mask`` columns in one vectorised pass per source.
+
+    Args:
+        datasets: the loaded train datasets by name.
+        managers: the train managers by name (a source with stream transforms is only warned
+            about: its transforms may change the documents after the cache).
+        max_seq_len: the longest document a source hands out.
+        overlong: ``"truncate"`` or ``"drop"``.
+        packing: the packing strategy's name, or ``None``.
+
+    Returns:
+        ``True``: the documents were checked (the datamodule then checks them only once).
+
+    Raises:
+        ValueError: every document of a source (without stream transforms) has no target token.
+    """
+    warn_overlong_documents(datasets, max_seq_len, overlong, packing)
+    cap = None if packing_splits_documents(packing) else max_seq_len
+    for name, dataset in datasets.items():
+        summary = no_target_summary(name, dataset, cap, overlong)  # type: ignore[arg-type]
+        if summary is None or not summary.no_target:
+            continue
+        transformed = bool(getattr(getattr(managers.get(name), "options", None), "transforms", None))
+        if summary.no_target == summary.documents and not transformed:
+            raise ValueError(no_target_message(summary, overlong, everything=True))
+        rank_zero_warn(no_target_message(summary, overlong, everything=False, transformed=transformed))
+    return True
+
+
+def no_target_message(summary: NoTargetSummary, overlong: str, everything: bool, transformed: bool = False) -> str:
+    """The warning (or error) naming a source whose documents keep no target token, and the fix.
+
+    Args:
+        summary: what :func:`no_target_summary` counted.
+        overlong: ``"truncate"`` or ``"drop"`` (with ``"truncate"``, dropping is one of the fixes).
+        everything: whether no document of the source keeps a target (the error's wording).
+        transformed: whether the source has stream transforms (they may change the count).
+    """
+    source, cap = summary.source, summary.max_seq_len
+    cut = cap is not None and overlong == "truncate"
+    where = f"within max_seq_len={cap}" if cut else "at all (every token after the first has loss_mask false)"
+    if everything:
+        head = f"Train source '{source}': none of its {summary.documents:,} documents has a target token {where}"
+    else:
+        head = (f"Train source '{source}': {summary.no_target:,} of {summary.documents:,} documents "
+                f"({100 * summary.share:.1f}%) have no target token {where}")
+    why = (", so the source would add nothing to the loss (its train loss would never be logged) while taking its "
+           "share of the mix and of the compute." if everything else
+           ", so they add nothing to the loss while taking their share of the mix and of the compute.")
+    if cut:
+        drop = "" if everything else "set overlong='drop' to skip documents longer than max_seq_len, "
+        fix = (f" Truncation keeps each document's first {cap} tokens, here only masked prompt tokens. Raise "
+               f"max_seq_len, shorten the prompts, {drop}or drop such documents with the manager's filter_fn.")
+    else:
+        fix = " Check the loss_mask the preprocess function writes, or drop such documents with the manager's filter_fn."
+    note = " (Counted before the source's stream transforms, which may change this.)" if transformed else ""
+    return head + why + fix + note
 
 
 def trainer_is_evaluating(trainer: Any) -> bool:

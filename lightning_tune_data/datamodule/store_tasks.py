@@ -64,7 +64,8 @@ def prepare_task(config: ConfigLike, task_index: int, num_tasks: int, cache_dir:
     datamodule = _datamodule(config, cache_dir)
     results: dict[str, str] = {}
     for label, manager in stored_sources(datamodule):
-        results[label] = run_store_task(manager, datamodule.tokenizer, datamodule.store_root, task_index, num_tasks)
+        root = datamodule.store_root.with_url(manager.options.cache_dir)
+        results[label] = run_store_task(manager, datamodule.tokenizer, root, task_index, num_tasks)
         log.info("%s: task %d of %d: %s", manager.source_description, task_index, num_tasks, results[label])
     return results
 
@@ -83,7 +84,8 @@ def finalize_stores(config: ConfigLike, cache_dir: str | None = None) -> dict[st
         StoreNotCommittedError: A source's store has unfinished tasks (named) or none at all.
     """
     datamodule = _datamodule(config, cache_dir)
-    return {label: finalize_source_store(manager, datamodule.tokenizer, datamodule.store_root)
+    return {label: finalize_source_store(manager, datamodule.tokenizer,
+                                         datamodule.store_root.with_url(manager.options.cache_dir))
             for label, manager in stored_sources(datamodule)}
 
 

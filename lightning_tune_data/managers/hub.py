@@ -87,6 +87,9 @@ class DatasetManager(SourceManager):
             defaults): a failed read is retried ``max_retries`` times in a row, waiting
             ``retry_backoff_s`` doubled each time, within ``retry_timeout_s`` seconds; a server
             silent for ``read_timeout_s`` counts as a failure.
+        cache_dir: where this source's store lives instead of under the datamodule's
+            ``cache_dir`` (a local path or an fsspec URL such as ``s3://bucket/prefix``; the
+            datamodule's ``storage_options`` apply).
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class DatasetManager(SourceManager):
         filter_fn: str | Callable | None = None,
         filter_kwargs: dict | None = None,
         stream_retries: dict | None = None,
+        cache_dir: str | None = None,
     ) -> None:
         owner = type(self).__name__
         if full_name is not None:

@@ -114,6 +114,7 @@ class LocalDatasetManager(DatasetManager):
         message_transform, model_transform, output_transform, filter_fn, filter_kwargs: See
             :class:`DatasetManager`.
         stream_retries: See :class:`DatasetManager`.
+        cache_dir: See :class:`DatasetManager`.
 
     Raises:
         DataSourceError: Unknown or contradicting ``ds_type``, or unknown split.
@@ -142,6 +143,7 @@ class LocalDatasetManager(DatasetManager):
         filter_kwargs: dict | None = None,
         stream_retries: dict | None = None,
         skip_blank_lines: bool = False,
+        cache_dir: str | None = None,
     ) -> None:
         if ds_type is not None and ds_type not in LOCAL_DS_TYPES:
             raise DataSourceError(

@@ -138,6 +138,8 @@ class SourceOptions:
         max_error_count: Failing rows or samples that may be skipped (and counted).
         transforms: The per-sample transforms and filter that were given, by argument name.
         stream_retries: Network retry bounds of a streaming source (see :data:`STREAM_RETRY_DEFAULTS`).
+        cache_dir: Where this source's store lives when not under the datamodule's ``cache_dir``
+            (a local path or an fsspec URL).
     """
 
     weight: float = 1.0
@@ -152,6 +154,7 @@ class SourceOptions:
     max_error_count: int = 0
     transforms: dict[str, Any] = field(default_factory=dict)
     stream_retries: dict[str, float] = field(default_factory=lambda: dict(STREAM_RETRY_DEFAULTS))
+    cache_dir: str | None = None
 
     @classmethod
     def from_arguments(cls, description: str, arguments: Mapping[str, Any]) -> SourceOptions:
@@ -192,6 +195,7 @@ class SourceOptions:
             max_error_count=arguments["max_error_count"],
             transforms=transforms,
             stream_retries=stream_retries,
+            cache_dir=None if arguments.get("cache_dir") is None else str(arguments["cache_dir"]),
         )
         if options.preprocess_function is not None:
             options.check_preprocess_kwargs(options.resolve_preprocess_function(description), description)

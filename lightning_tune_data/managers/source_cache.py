@@ -140,7 +140,7 @@ class SourceCache:
         files = self.files()
         content = self.committed(files) or self.finish_tasks(files, inputs)
         if content is not None:
-            return download_store(files, content, self.folder(), self.description)
+            return download_store(files, content, self.folder(), self.description, verify_mode)
         local = build_cache_atomically(
             self.folder(), fill, self.metadata, verify=lambda folder: open_store(folder)[1],
             verify_mode=verify_mode, inputs=inputs, description=self.description,

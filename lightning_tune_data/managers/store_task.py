@@ -41,9 +41,26 @@ def _check_task_count(files: StoreFiles, num_tasks: int, description: str, root:
         )
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _staging_folder(root: StoreRoot, name: str, task_index: int, num_tasks: int) -> Path:
+    """A fresh local folder for the task's output; leftovers of this task's killed runs on this
+    machine (their process is gone) are removed first."""
     root.local_dir.mkdir(parents=True, exist_ok=True)
-    folder = root.local_dir / f".{name}.task-{task_index}-of-{num_tasks}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    prefix = f".{name}.task-{task_index}-of-{num_tasks}.tmp-"
+    for leftover in root.local_dir.glob(prefix + "*"):
+        pid = leftover.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+    folder = root.local_dir / f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     folder.mkdir()
     return folder
 

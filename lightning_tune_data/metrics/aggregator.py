@@ -19,7 +19,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightning_tune_data.keys import DROPPED_BEFORE, EPOCH, NEW_DOCUMENT, PROVENANCE_FIELDS, SOURCE, TOKENS, TRUNCATED_TOKENS
+from lightning_tune_data.keys import (
+    DROPPED_BEFORE,
+    EPOCH,
+    NEW_DOCUMENT,
+    PROVENANCE_FIELDS,
+    SOURCE,
+    TARGET_TOKENS,
+    TOKENS,
+    TRUNCATED_TOKENS,
+)
 from lightning_tune_data.metrics.collector import (
     SAMPLES_SEEN,
     TOKENS_SEEN,
@@ -95,7 +104,9 @@ class DatasetMetricsAggregator:
     Sources also get ``window_share`` and ``window_token_share``: the same shares over the last
     ``window`` batches only (the mix as it is now). Sources and the stream get ``truncated_docs``,
     ``truncated_tokens`` and ``dropped_docs`` (documents cut or dropped for exceeding ``max_seq_len``,
-    from the provenance columns ``truncated_tokens`` and ``dropped_before``).
+    from the provenance columns ``truncated_tokens`` and ``dropped_before``), ``no_target_docs``
+    (documents with no target label: they add nothing to the loss) and ``target_tokens`` (labels
+    trained on), from the provenance column ``target_tokens``.
 
     Args:
         source_weights: Target weight per source name (normalised here); sources listed are reported
@@ -161,7 +172,8 @@ class DatasetMetricsAggregator:
         Args:
             provenance: ``batch["provenance"]``: columns ``source`` and ``tokens`` (required),
                 ``epoch`` (default 0), ``new_document`` (default True), ``truncated_tokens`` and
-                ``dropped_before`` (default 0), ``row``; one entry per document piece in the batch.
+                ``dropped_before`` (default 0), ``target_tokens`` (absent: the target counters do not
+                move), ``row``; one entry per document piece in the batch.
             batch: The batch itself, for padding and packing statistics (``attention_mask`` and, in
                 packed batches, ``document_ids``); optional.
         """
@@ -178,8 +190,9 @@ class DatasetMetricsAggregator:
         new_doc = [bool(f) for f in _as_list(provenance[NEW_DOCUMENT])] if NEW_DOCUMENT in provenance else [True] * n
         truncated = [int(t) for t in _as_list(provenance[TRUNCATED_TOKENS])] if TRUNCATED_TOKENS in provenance else [0] * n
         dropped = [int(d) for d in _as_list(provenance[DROPPED_BEFORE])] if DROPPED_BEFORE in provenance else [0] * n
+        targets = [int(t) for t in _as_list(provenance[TARGET_TOKENS])] if TARGET_TOKENS in provenance else None
         for field, column in ((TOKENS, tokens), (EPOCH, epochs), (NEW_DOCUMENT, new_doc),
-                              (TRUNCATED_TOKENS, truncated), (DROPPED_BEFORE, dropped)):
+                              (TRUNCATED_TOKENS, truncated), (DROPPED_BEFORE, dropped), (TARGET_TOKENS, targets or tokens)):
             if len(column) != n:
                 raise ValueError(
                     f"DatasetMetricsAggregator.update: provenance column '{field}' has {len(column)} entries but "
@@ -203,7 +216,7 @@ class DatasetMetricsAggregator:
                 collectors.feed(source, [tokens[i] for i in idx], [epochs[i] for i in idx], [new_doc[i] for i in idx])
 
         self._recent.add_batch(sources, tokens, new_doc)
-        self._length_policy.add(sources, truncated, dropped, new_doc)
+        self._length_policy.add(sources, truncated, dropped, new_doc, targets)
         if batch is not None:
             self._packing.add(batch, n)
 

@@ -23,7 +23,7 @@ from lightning_tune_data.keys import PROVENANCE
 from lightning_tune_data.metrics.aggregator import DatasetMetricsAggregator
 from lightning_tune_data.metrics.collector import CollectorsFactory, MetricsDict, StandardMetricCollector
 from lightning_tune_data.metrics.rank_merge import merge_rank_states
-from lightning_tune_data.metrics.summary import format_mix_table, tensorboard_layout
+from lightning_tune_data.metrics.summary import format_mix_table, mix_notes, tensorboard_layout
 
 __all__ = ["DatasetMetricsCallback", "flatten_metrics"]
 
@@ -58,7 +58,9 @@ class DatasetMetricsCallback(Callback):
     * ``window_share`` / ``window_token_share``: the mix over the last ``window`` batches, next to
       the cumulative ``share`` / ``token_share``; a changed weight shows within one window.
     * With a TensorBoard logger, a custom-scalars layout puts every source's shares on one chart.
-    * At the end of a fit, rank 0 prints a short table of realised vs target mix.
+    * At the end of a fit, rank 0 prints a short table of realised vs target mix, with notes that
+      explain its numbers: sources whose documents reached the model with no target token, and
+      how far documents held in open packs can keep the realised shares from the targets.
     * Target weights come from ``trainer.datamodule.train_source_weights`` when it exists.
     * Checkpoints hold every rank's counts (``{"world_size": W, "ranks": [...]}``); on resume each
       rank restores its own, so counters continue instead of restarting at 0. ``state_dict()`` is a
@@ -187,8 +189,10 @@ class DatasetMetricsCallback(Callback):
         if trainer.global_step != self._last_logged_step:
             self._compute_and_log(trainer)
         if self.print_summary and trainer.is_global_zero and self._last_metrics:
-            mix_by = getattr(getattr(trainer, "datamodule", None), "mix_by", "documents")
-            print(format_mix_table(self._last_metrics, self.stream_name, mix_by), flush=True)
+            datamodule = getattr(trainer, "datamodule", None)
+            notes = mix_notes(self._last_metrics, self.stream_name, datamodule, trainer.world_size)
+            print(format_mix_table(self._last_metrics, self.stream_name, getattr(datamodule, "mix_by", "documents"),
+                                   notes), flush=True)
 
     def _forget_logged_values(self, trainer: pl.Trainer) -> None:
         """Stop Lightning from logging our last values again at later steps.

@@ -30,6 +30,7 @@ from lightning_tune_data.keys import (
     TOKENS,
 )
 from lightning_tune_data.metrics.aggregator import DatasetMetricsAggregator
+from lightning_tune_data.metrics.summary import mix_notes
 from lightning_tune_data.sources.lengths import document_lengths
 
 __all__ = ["BatchReport", "PREVIEW_KEYS", "collect", "datamodule_from_config"]
@@ -78,6 +79,8 @@ class BatchReport:
         lengths: per source, every cached document's length (empty for streaming sources).
         preview: the first rows of the first batch (``input_ids``, ``labels``, ``document_ids`` lists)
             and their provenance.
+        notes: what explains the numbers (the end-of-fit table's notes): documents drawn with no
+            target token, and documents held in open packs.
     """
 
     sources: list[str]
@@ -92,6 +95,7 @@ class BatchReport:
     metrics: dict[str, Any] = field(default_factory=dict)
     lengths: dict[str, np.ndarray] = field(default_factory=dict)
     preview: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def batches(self) -> int:
@@ -157,4 +161,5 @@ def collect(datamodule: TextDataModule, batches: int, preview_rows: int = 3) -> 
     finally:
         del iterator  # stops the loader's workers
     report.metrics = aggregator.compute(distributed=False)
+    report.notes = mix_notes(report.metrics, aggregator.stream_name, datamodule, world_size=1)
     return report

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning_tune_data.metrics.summary import format_percent
+from lightning_tune_data.metrics.summary import format_percent, no_target_notes
 from lightning_tune_data.report.batches import BatchReport
 from lightning_tune_data.report.plots import plot_efficiency, plot_lengths, plot_losses, plot_mix, plot_truncation
 from lightning_tune_data.report.preview import LEGEND, render_rows
@@ -27,6 +27,11 @@ def _mix_table(sources: list[str], metrics: Mapping[str, Any], extra: Mapping[st
                  *extra.get(source, {}).values()]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _notes(notes: list[str]) -> list[str]:
+    """Markdown lines of the notes that explain the mix table (none: no lines)."""
+    return [line for note in notes for line in (f"> **Note:** {note}", "")]
 
 
 def write_batch_report(report: BatchReport, tokenizer: Tokenizer, output: str | Path, config: str = "") -> Path:
@@ -61,7 +66,8 @@ def write_batch_report(report: BatchReport, tokenizer: Tokenizer, output: str | 
             "tokens drawn": f"{metrics.get(s, {}).get('tokens_seen', 0):,}",
             "longer than max_seq_len (cache)": format_percent(overlong[s]) if len(report.lengths[s]) else "-",
             "truncated / dropped (drawn)": f"{metrics.get(s, {}).get('truncated_docs', 0)} / "
-                                           f"{metrics.get(s, {}).get('dropped_docs', 0)}"}
+                                           f"{metrics.get(s, {}).get('dropped_docs', 0)}",
+            "no target (drawn)": f"{metrics.get(s, {}).get('no_target_docs', 0):,}"}
         for s in report.sources
     }
     lines = [
@@ -71,6 +77,7 @@ def write_batch_report(report: BatchReport, tokenizer: Tokenizer, output: str | 
         f"packing={report.packing or 'none'}; weights are shares of **{report.mix_by}**.", "",
         "## Mix: realised vs target", "",
         *_mix_table(report.sources, metrics, extra), "",
+        *_notes(report.notes),
         "![realised vs target mix](mix.png)", "",
         "Solid lines: share of documents; dashed: share of tokens; dotted: the target weight.", "",
         "## Document lengths", "", "![document lengths](lengths.png)", "",
@@ -141,7 +148,7 @@ def write_metrics_report(metrics_csv: str | Path, output: str | Path) -> Path:
         last.update(row)
     metrics = {s: {m: last[f"dataset/{s}/{m}"] for m in ("share", "token_share", "target_weight", "window_share",
                                                          "window_token_share", "truncated_docs", "dropped_docs",
-                                                         "samples_seen") if f"dataset/{s}/{m}" in last}
+                                                         "no_target_docs", "samples_seen") if f"dataset/{s}/{m}" in last}
                for s in sources}
     steps, _ = _series(rows, f"dataset/{sources[0]}/share")
     plot_mix(out / "mix.png", steps, {s: _series(rows, f"dataset/{s}/share")[1] for s in sources},
@@ -152,9 +159,11 @@ def write_metrics_report(metrics_csv: str | Path, output: str | Path) -> Path:
              f"{int(steps[-1]) if steps else 0}).", "", "## Mix: realised vs target", ""]
     extra = {s: {"recent documents": format_percent(m.get("window_share")),
                  "recent tokens": format_percent(m.get("window_token_share")),
-                 "truncated / dropped": f"{int(m.get('truncated_docs', 0))} / {int(m.get('dropped_docs', 0))}"}
+                 "truncated / dropped": f"{int(m.get('truncated_docs', 0))} / {int(m.get('dropped_docs', 0))}",
+                 "no target": f"{int(m.get('no_target_docs', 0)):,}"}
              for s, m in metrics.items()}
-    lines += [*_mix_table(sources, metrics, extra), "", "![realised vs target mix](mix.png)", "",
+    notes = no_target_notes({s: {"metrics": m} for s, m in metrics.items()}, stream_name="all")
+    lines += [*_mix_table(sources, metrics, extra), "", *_notes(notes), "![realised vs target mix](mix.png)", "",
               "Solid lines: share of documents; dashed: share of tokens; dotted: the target weight.", ""]
     losses = {k.split("/")[1]: k for k in sorted(keys) if k.startswith("train/") and k.endswith("/loss")}
     if losses:

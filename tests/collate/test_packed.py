@@ -71,7 +71,20 @@ def test_packed_collator_flattens_provenance_over_rows() -> None:
         "new_document": [False, True, True],
         "truncated_tokens": [0, 0, 0],
         "dropped_before": [0, 0, 0],
+        "target_tokens": [2, 0, 1],
     }
+
+
+def test_packed_collator_counts_each_pieces_target_labels_and_zero_for_an_all_prompt_piece() -> None:
+    all_prompt = doc([1, 2, 3], "sft", mask=[False, False, False])
+    first_token_only = doc([4, 5], "sft", mask=[True, False])  # the first token is never predicted
+    answer = doc([6, 7, 8, 9], "sft", mask=[False, False, True, True])
+    batch = PackedCollator(pad_id=PAD, pad_to_multiple_of=8)([pack([all_prompt, answer]), pack([first_token_only])])
+    targets = batch[PROVENANCE]["target_tokens"]
+    assert targets == [0, 2, 0]
+    labels = batch[LABELS]
+    per_piece = [int((labels[0, :3] != X).sum()), int((labels[0, 3:7] != X).sum()), int((labels[1, :2] != X).sum())]
+    assert targets == per_piece
 
 
 def test_packed_collator_carries_length_policy_counts_per_piece() -> None:

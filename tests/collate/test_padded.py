@@ -86,8 +86,16 @@ def test_padded_collator_reports_provenance_per_document() -> None:
         "new_document": [True, True, True],
         "truncated_tokens": [0, 0, 0],
         "dropped_before": [0, 0, 0],
+        "target_tokens": [2, 0, 1],
     }
     assert all(type(v) is int for v in batch[PROVENANCE]["tokens"] + batch[PROVENANCE]["epoch"])
+
+
+def test_padded_collator_counts_target_labels_per_row_and_zero_when_truncation_cut_the_answer() -> None:
+    prompt_then_answer = doc([1, 2, 3, 4, 5], "sft", mask=[False, False, False, True, True])
+    batch = PaddedCollator(pad_id=PAD, max_seq_len=3)([prompt_then_answer, doc([6, 7, 8], "web")])
+    assert batch[PROVENANCE]["target_tokens"] == [0, 2]
+    assert batch[PROVENANCE]["target_tokens"] == (batch[LABELS] != X).sum(dim=1).tolist()
 
 
 def test_padded_collator_ignores_extra_sample_keys_and_accepts_lists() -> None:
@@ -167,6 +175,7 @@ def reference_padded_batch(
             "new_document": [True] * len(documents),
             "truncated_tokens": [cut for _, _, _, cut in documents],
             "dropped_before": [s.get("dropped_before") or 0 for _, _, s, _ in documents],
+            "target_tokens": [sum(label != X for label in labels) for _, labels, _, _ in documents],
         },
     }
 

@@ -115,3 +115,10 @@ def test_help_lists_both_inputs_and_a_missing_input_is_a_usage_error(capsys: pyt
     assert exit_code.value.code == 2
     assert "one of the arguments --config --metrics is required" in capsys.readouterr().err
 
+
+
+def test_report_on_the_packed_quickstart_explains_the_documents_held_in_open_packs(quickstart_report: Path) -> None:
+    markdown = (quickstart_report / "report.md").read_text()
+    # best_fit, 64 open packs of 256 tokens in each of the quickstart's 2 workers
+    assert "> **Note:** best_fit packing holds documents in up to 64 open packs per worker until they fill: up to " \
+           "32,768 tokens drawn from the sources but not trained on yet" in markdown

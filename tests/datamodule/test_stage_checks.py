@@ -90,3 +90,77 @@ def test_setups_checks_run_for_a_known_stage_and_warn_only_for_an_infinite_strea
         check_stage({"val": {}}, None, trainer(1.0), infinite_stream=True)  # every stage: nothing to check first
     with pytest.raises(ValueError, match=r"dataset_managers.test: `test` needs at least one test manager"):
         check_stage(config, "test", None, infinite_stream=True)
+
+
+def write_prompt_completion(path, prompt_lengths: list[int], seed: int = 0):
+    """A prompt/completion JSONL: prompts of the given lengths in bytes (ByteTokenizer: one token each)."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    with path.open("w", encoding="utf-8") as handle:
+        for n in prompt_lengths:
+            prompt = "".join(rng.choice("abcdefgh ") for _ in range(n))
+            handle.write(json.dumps({"prompt": prompt, "completion": " answer " + prompt[:3]}) + "\n")
+    return path
+
+
+def sft_datamodule(tmp_path, corpus_dir, prompt_lengths: list[int], **options) -> TextDataModule:
+    """A 0.6 web / 0.4 sft mix, the sft source a prompt/completion file through the package's preprocess."""
+    sft = write_prompt_completion(tmp_path / "sft.jsonl", prompt_lengths)
+    return TextDataModule(
+        {"train": {
+            "web": LocalDatasetManager(data_files=str(corpus_dir / "a.jsonl"), weight=0.6),
+            "sft": LocalDatasetManager(data_files=str(sft), weight=0.4, **options.pop("sft_options", {}),
+                                       preprocess_function="lightning_tune_data.preprocess.tokenize_prompt_completion"),
+        }},
+        max_seq_len=12, batch_size=4, cache_dir=str(tmp_path / "cache"), **options)
+
+
+def test_a_prompt_completion_source_whose_prompts_all_fill_max_seq_len_fails_at_setup(corpus_dir, tmp_path):
+    # prompts of 13-34 bytes + BOS: 14-35 masked tokens, every completion cut away by max_seq_len=12
+    datamodule = sft_datamodule(tmp_path, corpus_dir, [13 + i % 22 for i in range(60)])
+    datamodule.prepare_data()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match=r"Train source 'sft': none of its 60 documents has a target token within "
+                                             r"max_seq_len=12.*Raise max_seq_len, shorten the prompts") as error:
+            datamodule.setup("fit")
+    assert "concat" not in str(error.value)
+    overlong = [str(w.message) for w in caught if "'sft'" in str(w.message)]
+    assert overlong and not any("concat" in line for line in overlong), "masked sources are never told to use concat"
+
+
+@pytest.mark.parametrize("packing", [None, "greedy", "best_fit"])
+def test_documents_left_without_a_target_are_warned_about_naming_the_source_the_count_and_the_fix(
+        corpus_dir, tmp_path, packing):
+    lengths = [2, 30, 4, 14, 25, 3, 40, 1, 20, 6] * 3  # 2-6 byte prompts keep a target within 12 tokens
+    datamodule = sft_datamodule(tmp_path, corpus_dir, lengths, packing=packing)
+    datamodule.prepare_data()
+    without = sum(1 for n in lengths if n >= 11)  # BOS + n prompt bytes: a target within 12 tokens needs n + 1 <= 11
+    with pytest.warns(UserWarning, match=rf"Train source 'sft': {without} of 30 documents \(50.0%\) have no target "
+                                         r"token within max_seq_len=12.*overlong='drop'.*filter_fn") as caught:
+        datamodule.setup("fit")
+    assert not any("'web'" in str(w.message) and "target" in str(w.message) for w in caught)
+
+
+def test_dropping_overlong_documents_leaves_no_target_free_document_to_warn_about(corpus_dir, tmp_path):
+    datamodule = sft_datamodule(tmp_path, corpus_dir, [2, 30, 4, 14] * 5, overlong="drop")
+    datamodule.prepare_data()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        datamodule.setup("fit")
+    assert not any("no target token" in str(w.message) for w in caught)
+
+
+def keep_every_document(sample: dict) -> bool:
+    """A stream filter (it could drop target-free documents: the setup check cannot know)."""
+    return True
+
+
+def test_a_source_with_stream_transforms_is_only_warned_about(corpus_dir, tmp_path):
+    datamodule = sft_datamodule(tmp_path, corpus_dir, [20] * 10,
+                                sft_options={"filter_fn": "test_stage_checks.keep_every_document"})
+    datamodule.prepare_data()
+    with pytest.warns(UserWarning, match=r"'sft': 10 of 10 documents .*before the source's stream transforms"):
+        datamodule.setup("fit")

@@ -223,27 +223,28 @@ SAVED_STATE = {
 }
 
 
-def test_a_state_saved_by_earlier_releases_restores_the_same_metrics_and_saves_back_unchanged() -> None:
+def test_a_state_saved_by_earlier_releases_restores_the_same_metrics_and_saves_back_with_new_counters_at_zero() -> None:
     agg = DatasetMetricsAggregator({"web": 3, "code": 1}, window=2)
     agg.load_state_dict(SAVED_STATE)
-    assert agg.state_dict() == SAVED_STATE
+    assert agg.state_dict() == SAVED_STATE | {"length_policy": {"web": [1, 5, 0, 0, 0], "code": [0, 0, 2, 0, 0]}}
     m = agg.compute(distributed=False)
     assert list(m) == ["all", "web", "code"]
     assert m["all"]["metrics"] == {
         "samples_seen": 4, "tokens_seen": 30, "epochs_completed": 2, "seq_len_window_size": 5, "seq_len_mean": 6.0,
         "seq_len_p50": 6.0, "seq_len_p95": pytest.approx(9.4), "truncated_docs": 1, "truncated_tokens": 5,
-        "dropped_docs": 2, "padding_share": 0.25, "packing_efficiency": 0.75, "docs_per_pack": 1.25,
+        "dropped_docs": 2, "no_target_docs": 0, "target_tokens": 0, "padding_share": 0.25, "packing_efficiency": 0.75,
+        "docs_per_pack": 1.25,
     }
     assert list(m["all"]["metrics"]) == [
         "samples_seen", "tokens_seen", "epochs_completed", "seq_len_window_size", "seq_len_mean", "seq_len_p50",
-        "seq_len_p95", "truncated_docs", "truncated_tokens", "dropped_docs", "padding_share", "packing_efficiency",
-        "docs_per_pack",
+        "seq_len_p95", "truncated_docs", "truncated_tokens", "dropped_docs", "no_target_docs", "target_tokens",
+        "padding_share", "packing_efficiency", "docs_per_pack",
     ], "metrics keep their order, so logged columns keep theirs"
     assert m["code"]["metrics"] == {
         "samples_seen": 1, "tokens_seen": 7, "epochs_completed": 2, "seq_len_window_size": 2, "seq_len_mean": 3.5,
         "seq_len_p50": 3.5, "seq_len_p95": pytest.approx(3.95), "share": 0.25, "token_share": pytest.approx(7 / 30),
         "target_weight": 0.25, "window_share": 0.25, "window_token_share": pytest.approx(7 / 30),
-        "truncated_docs": 0, "truncated_tokens": 0, "dropped_docs": 2,
+        "truncated_docs": 0, "truncated_tokens": 0, "dropped_docs": 2, "no_target_docs": 0, "target_tokens": 0,
     }
     assert m["web"]["metrics"]["window_share"] == 0.75 and m["web"]["metrics"]["truncated_tokens"] == 5
 
@@ -260,7 +261,7 @@ def test_state_nests_each_parts_state_under_its_key() -> None:
     assert state[COLLECTORS]["b"] == [{"samples_seen": 0, "tokens_seen": 4, "epochs_completed": 0, "seq_lens": [4]}]
     assert state[PACKING] == {"total_positions": 4, "padding_positions": 1, "packed_rows": 1, "packed_row_docs": 2}
     assert state[RECENT] == {"window": 2, "batches": [{"a": [1, 3], "b": [0, 4]}]}
-    assert state[LENGTH_POLICY] == {"a": [1, 2, 0]}
+    assert state[LENGTH_POLICY] == {"a": [1, 2, 0, 0, 0]}
 
 
 def test_names_list_the_stream_first_then_sources_as_they_appear() -> None:

@@ -46,8 +46,9 @@ def test_length_policy_counts_each_document_once_and_sum_over_ranks() -> None:
     other = LengthPolicyCounts()
     other.add(["a"], [2], [4], [True])
     merged = LengthPolicyCounts.merged([counts.state_dict(), other.state_dict()])
-    assert merged == {"a": {"truncated_docs": 2, "truncated_tokens": 5, "dropped_docs": 4},
-                      "b": {"truncated_docs": 0, "truncated_tokens": 0, "dropped_docs": 1}}
+    none = {"no_target_docs": 0, "target_tokens": 0}  # no batch said how many targets its pieces had
+    assert merged == {"a": {"truncated_docs": 2, "truncated_tokens": 5, "dropped_docs": 4, **none},
+                      "b": {"truncated_docs": 0, "truncated_tokens": 0, "dropped_docs": 1, **none}}
 
 
 
@@ -55,14 +56,14 @@ def test_length_policy_counts_each_document_once_and_sum_over_ranks() -> None:
 def test_counts_round_trip_their_state_in_the_order_of_the_metric_names() -> None:
     counts = LengthPolicyCounts()
     counts.add(["a", "b", "a"], [5, 0, 0], [1, 2, 0], [True, True, True])
-    assert counts.state_dict() == {"a": [1, 5, 1], "b": [0, 0, 2]}
+    assert counts.state_dict() == {"a": [1, 5, 1, 0, 0], "b": [0, 0, 2, 0, 0]}
     assert dict(zip(LENGTH_POLICY_METRICS, counts.state_dict()["a"])) == LengthPolicyCounts.merged(
         [counts.state_dict()])["a"]
     restored = LengthPolicyCounts()
     restored.load_state_dict(counts.state_dict())
     restored.add(["b"], [3], [0], [True])
-    assert restored.state_dict() == {"a": [1, 5, 1], "b": [1, 3, 2]}
-    assert counts.state_dict() == {"a": [1, 5, 1], "b": [0, 0, 2]}, "the restored copy shares no list"
+    assert restored.state_dict() == {"a": [1, 5, 1, 0, 0], "b": [1, 3, 2, 0, 0]}
+    assert counts.state_dict() == {"a": [1, 5, 1, 0, 0], "b": [0, 0, 2, 0, 0]}, "the restored copy shares no list"
 
 
 def test_folded_states_sum_per_source() -> None:
@@ -70,5 +71,36 @@ def test_folded_states_sum_per_source() -> None:
     first.add(["a", "b"], [2, 0], [0, 1], [True, True])
     second.add(["a", "c"], [7, 1], [3, 0], [True, True])
     folded = LengthPolicyCounts.folded([first.state_dict(), second.state_dict(), {}])
-    assert folded == {"a": [2, 9, 3], "b": [0, 0, 1], "c": [1, 1, 0]}
+    assert folded == {"a": [2, 9, 3, 0, 0], "b": [0, 0, 1, 0, 0], "c": [1, 1, 0, 0, 0]}
     assert LengthPolicyCounts.merged([folded]) == LengthPolicyCounts.merged([first.state_dict(), second.state_dict()])
+
+
+def test_documents_without_a_target_are_counted_once_per_document_and_targets_summed_over_pieces() -> None:
+    counts = LengthPolicyCounts()
+    # sft: an all-prompt document, a document with 3 targets split over two pieces; web: 5 targets
+    counts.add(["sft", "sft", "sft", "web"], [9, 0, 0, 0], [0, 0, 0, 0], [True, True, False, True], [0, 1, 2, 5])
+    counts.add(["sft"], [4], [0], [True], [0])
+    assert LengthPolicyCounts.merged([counts.state_dict()]) == {
+        "sft": {"truncated_docs": 2, "truncated_tokens": 13, "dropped_docs": 0, "no_target_docs": 2, "target_tokens": 3},
+        "web": {"truncated_docs": 0, "truncated_tokens": 0, "dropped_docs": 0, "no_target_docs": 0, "target_tokens": 5},
+    }
+
+
+def test_a_state_saved_before_the_target_counters_restores_them_as_zero_and_keeps_counting() -> None:
+    counts = LengthPolicyCounts()
+    counts.load_state_dict({"a": [1, 5, 1]})
+    counts.add(["a"], [0], [0], [True], [0])
+    assert counts.state_dict() == {"a": [1, 5, 1, 1, 0]}
+    assert LengthPolicyCounts.folded([{"a": [1, 5, 1]}, counts.state_dict()]) == {"a": [2, 10, 2, 1, 0]}
+
+
+def test_a_split_document_has_no_target_only_when_none_of_its_pieces_in_the_batch_has_one() -> None:
+    from lightning_tune_data.metrics.length_policy import document_targets
+
+    # unpacked or never split: every first piece is a whole document
+    assert document_targets([0, 3, 0], [True, True, True]) == [0, 3, 0]
+    # concat: a one-token first piece (BOS at a row's end) continues in the next row with targets
+    assert document_targets([5, 0, 7, 0, 4], [True, True, False, True, True]) == [5, 7, None, 0, 4]
+    # a first piece with no target at the very end of a batch that splits documents may go on later
+    assert document_targets([0, 2, 0], [False, True, True]) == [None, 2, None]
+    assert document_targets([0, 0, 0], [True, False, False]) == [None, None, None]

@@ -96,4 +96,76 @@ def test_percentages_have_one_decimal_and_an_unknown_share_is_a_dash() -> None:
 
     assert [format_percent(v) for v in (0.25, 1, 0.0004, None)] == ["25.0%", "100.0%", "0.0%", "-"]
     table = format_mix_table({"all": {"metrics": {}}, "a": {"metrics": {"share": 0.5}}})
-    assert table.splitlines()[3].split() == ["a", "-", "50.0%", "-", "-", "-", "0", "0"]
+    assert table.splitlines()[3].split() == ["a", "-", "50.0%", "-", "-", "-", "0", "0", "0"]
+
+
+def test_the_table_counts_documents_without_a_target_and_says_what_they_cost() -> None:
+    from lightning_tune_data.metrics.summary import no_target_notes
+
+    metrics = {"all": {"metrics": {"samples_seen": 16}},
+               "web": {"metrics": {"samples_seen": 10, "token_share": 0.625, "no_target_docs": 0}},
+               "sft": {"metrics": {"samples_seen": 6, "token_share": 0.375, "no_target_docs": 6}}}
+    notes = no_target_notes(metrics)
+    assert notes == ["'sft': 6 of 6 documents trained on had no target token (every label masked, e.g. a prompt cut at "
+                     "max_seq_len before its completion); they took 37.5% of the tokens and added nothing to the loss. "
+                     "Raise max_seq_len or shorten the prompts."]
+    lines = format_mix_table(metrics, notes=notes).splitlines()
+    assert lines[1].split()[-2:] == ["no", "target"]
+    assert lines[4].split()[0] == "sft" and lines[4].split()[-1] == "6"
+    assert lines[-1] == f"Note: {notes[0]}"
+
+
+def test_the_held_back_note_bounds_the_gap_by_the_tokens_open_packs_can_hold() -> None:
+    from lightning_tune_data.metrics.summary import held_back_note
+
+    note = held_back_note("best_fit", open_packs=64, max_seq_len=256, shards=2, tokens_seen=327_680)
+    assert note.startswith("best_fit packing holds documents in up to 64 open packs per worker until they fill: up to "
+                           "32,768 tokens drawn from the sources but not trained on yet, 10.0% of the 327,680 tokens")
+    assert "one open pack per worker" in held_back_note("greedy", 1, 256, 1, 10_000)
+    assert held_back_note("greedy", 1, 256, 1, 10_000_000) is None, "a gap under 0.05 points is not shown"
+    assert held_back_note(None, 1, 256, 1, 100) is None
+
+
+def test_the_end_of_fit_table_of_a_packed_fit_explains_the_documents_held_in_open_packs(fitted: dict) -> None:
+    printed = fitted["printed"]
+    tokens = fitted["callback"].get_metrics()["all"]["metrics"]["tokens_seen"]
+    assert f"Note: best_fit packing holds documents in up to 64 open packs per worker until they fill: up to 4,096 " \
+           f"tokens drawn from the sources but not trained on yet, {100 * 4096 / tokens:.1f}% of the {tokens:,}" in printed
+
+
+def token_shares_by_batch(root: Path, packing: str, batches: int) -> tuple[list[dict[str, float]], list[int]]:
+    """A 0.7 long / 0.3 short ``mix_by: tokens`` stream: per batch, the cumulative token shares trained on and
+    the tokens trained on so far."""
+    from lightning_tune_data.metrics.aggregator import DatasetMetricsAggregator
+
+    if not (root / "long.jsonl").exists():
+        write_jsonl(root / "long.jsonl", make_texts(300, seed=5, prefix="L", min_words=10, max_words=60))
+        write_jsonl(root / "short.jsonl", make_texts(900, seed=6, prefix="S", max_words=3))
+    datamodule = TextDataModule(
+        dataset_managers={"train": {"long": LocalDatasetManager(data_files=str(root / "long.jsonl"), weight=0.7),
+                                    "short": LocalDatasetManager(data_files=str(root / "short.jsonl"), weight=0.3)}},
+        max_seq_len=128, batch_size=8, seed=0, packing=packing, mix_by="tokens", cache_dir=str(root / "cache"))
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    aggregator = DatasetMetricsAggregator(datamodule.train_source_weights)
+    shares, seen = [], []
+    for index, batch in enumerate(datamodule.train_dataloader()):
+        aggregator.update(batch["provenance"], batch)
+        metrics = aggregator.compute(distributed=False)
+        shares.append({name: metrics[name]["metrics"]["token_share"] for name in ("long", "short")})
+        seen.append(metrics["all"]["metrics"]["tokens_seen"])
+        if index + 1 == batches:
+            return shares, seen
+    raise AssertionError("the stream is infinite")
+
+
+def test_best_fit_trained_on_token_shares_trail_the_targets_within_the_held_back_bound_then_converge(tmp_path):
+    best_fit, seen = token_shares_by_batch(tmp_path, "best_fit", 150)
+    held = 64 * 128  # packing_buffer_size open packs of max_seq_len tokens, one packer
+    jitter = 0.02  # the mixer's own random jitter, at most 32 draws' worth
+    gaps = [abs(shares["long"] - 0.7) for shares in best_fit]
+    assert gaps[2] > 0.03, "early on, the documents waiting in open packs move the trained-on share off target"
+    assert all(gap <= held / tokens + jitter for gap, tokens in zip(gaps, seen)), "the note's bound holds"
+    assert gaps[-1] < gaps[29] / 3 and gaps[-1] < 0.04, "the gap shrinks as the trained-on tokens outnumber the held ones"
+    greedy, _ = token_shares_by_batch(tmp_path, "greedy", 50)
+    assert max(abs(shares["long"] - 0.7) for shares in greedy[29:]) < 0.01, "one open pack barely holds anything back"

@@ -83,8 +83,9 @@ def test_a_piece_without_explicit_labels_is_labelled_by_the_shift_within_it():
     assert piece_labels(tokens, PieceExtra(None, np.ones(3, dtype=bool))).tolist() == [4, 5, IGNORE_INDEX]
 
 
-def test_a_pieces_provenance_has_every_per_document_field_but_the_row():
+def test_a_pieces_provenance_has_every_per_document_field_but_the_row_and_the_target_count():
     entry = provenance_entry(("web", 3, 1, 6, 4, False, 0, 2))
     assert entry == {"source": "web", "epoch": 1, "tokens": 4, "new_document": False, "truncated_tokens": 0,
                      "dropped_before": 2}
-    assert set(entry) == set(PROVENANCE_FIELDS) - {"row"}  # the collator numbers the rows
+    # the collator numbers the rows and counts each piece's targets from the labels it writes
+    assert set(entry) == set(PROVENANCE_FIELDS) - {"row", "target_tokens"}

@@ -30,7 +30,8 @@ def logged_rows(with_loss: bool = True, with_padding: bool = True) -> list[dict]
             row |= {f"dataset/{source}/share": share, f"dataset/{source}/token_share": share / 2,
                     f"dataset/{source}/target_weight": weight, f"dataset/{source}/window_share": share,
                     f"dataset/{source}/window_token_share": share, f"dataset/{source}/samples_seen": 10 * step,
-                    f"dataset/{source}/truncated_docs": step, f"dataset/{source}/dropped_docs": 0}
+                    f"dataset/{source}/truncated_docs": step, f"dataset/{source}/dropped_docs": 0,
+                    f"dataset/{source}/no_target_docs": 0 if source == "a" else 7}
         if with_padding:
             row["dataset/all/padding_share"] = 0.1 * step
         rows.append(row)
@@ -51,8 +52,10 @@ def test_metrics_report_shows_the_last_logged_mix_and_charts_what_was_logged(tmp
     assert path == tmp_path / "out" / "report.md"
     markdown = path.read_text(encoding="utf-8")
     assert "(last logged step 3)" in markdown
-    assert "| `a` | 30.0% | 30.0% | 15.0% | 30.0% | 30.0% | 3 / 0 |" in markdown
-    assert "| `b` | 70.0% | 70.0% | 35.0% | 70.0% | 70.0% | 3 / 0 |" in markdown
+    assert "| `a` | 30.0% | 30.0% | 15.0% | 30.0% | 30.0% | 3 / 0 | 0 |" in markdown
+    assert "| `b` | 70.0% | 70.0% | 35.0% | 70.0% | 70.0% | 3 / 0 | 7 |" in markdown
+    assert "> **Note:** 'b': 7 of 30 documents trained on had no target token" in markdown
+    assert "'a':" not in markdown
     for name in ("mix.png", "loss.png", "efficiency.png", "truncation.png"):
         assert (tmp_path / "out" / name).is_file() and f"]({name})" in markdown
 
@@ -91,8 +94,9 @@ def test_batch_report_tabulates_the_mix_lengths_and_truncation_and_previews_rows
     markdown = path.read_text(encoding="utf-8")
     assert "2 train batches drawn from `fit.yaml` (no model, no training): batch_size=2, max_seq_len=6, " \
            "packing=none; weights are shares of **tokens**." in markdown
-    assert "| `a` | 25.0% | 25.0% | 20.0% | 1,200 | 5,000 | 50.0% | 1 / 0 |" in markdown
-    assert "| `b` | 75.0% | 75.0% | 80.0% | 3 | 20 | - | 0 / 0 |" in markdown, "no cached lengths: unknown"
+    assert "| `a` | 25.0% | 25.0% | 20.0% | 1,200 | 5,000 | 50.0% | 1 / 0 | 0 |" in markdown
+    assert "| `b` | 75.0% | 75.0% | 80.0% | 3 | 20 | - | 0 / 0 | 0 |" in markdown, "no cached lengths: unknown"
+    assert "**Note:**" not in markdown, "nothing to explain: no target-free documents, no packing"
     assert "- real tokens / positions: 80.0%" in markdown and "- one document per row" in markdown
     assert "```text\nrow 0: 1 document(s), 7 tokens\n[doc 0 | a | 7 tokens] <bos>hello<eos>\n```" in markdown
     assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == [

@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
 from lightning_tune_data import DatasetMetricsCallback  # noqa: E402
 
-RECORDED_KEYS = ("input_ids", "attention_mask", "seq_lens")
+RECORDED_KEYS = ("input_ids", "labels", "attention_mask", "seq_lens")
 
 
 class Recorder(Callback):

@@ -58,3 +58,45 @@ def test_datamodule_setup_warns_once_per_overlong_source(tmp_path: Path) -> None
     messages = [str(w.message) for w in caught if "longer than max_seq_len" in str(w.message)]
     assert len(messages) == 1 and messages[0].startswith("Train source 'long': 5 of 50 documents (10.0%)")
     assert np.array_equal(document_lengths(datamodule._datasets["train"]["long"])[:5], [82] * 5)  # BOS + 80 + EOS
+
+
+def brute_force_no_target(masks: list[list[bool]], max_seq_len: int | None, overlong: str) -> tuple[int, int]:
+    """(documents handed out, those without a target label once cut), row by row."""
+    kept = [m for m in masks if m and not (overlong == "drop" and max_seq_len is not None and len(m) > max_seq_len)]
+    cut = [m if max_seq_len is None else m[:max_seq_len] for m in kept]
+    return len(kept), sum(1 for m in cut if not any(m[1:]))  # the first token is never a label
+
+
+@pytest.mark.parametrize("rows_per_read", [7, 1 << 16])
+@pytest.mark.parametrize("overlong", ["truncate", "drop"])
+def test_no_target_documents_match_a_row_by_row_count_over_chunks_blocks_and_selects(
+        monkeypatch, rows_per_read: int, overlong: str) -> None:
+    from lightning_tune_data.sources import lengths
+    from lightning_tune_data.sources.lengths import no_target_summary
+
+    monkeypatch.setattr(lengths, "_ROWS_PER_READ", rows_per_read)
+    rng = np.random.default_rng(3)
+    masks = [(rng.random(int(rng.choice([0, 1, 2, rng.integers(3, 40)]))) < 0.15).tolist() for _ in range(400)]
+    masked = datasets.Dataset.from_dict({"input_ids": [[1] * len(m) for m in masks], "loss_mask": masks})
+    chunked = datasets.concatenate_datasets([masked, masked.select(range(50))])  # several Arrow chunks
+    view = chunked.shuffle(seed=1).select(range(120))
+    for dataset in (masked, chunked, view):
+        rows = dataset["loss_mask"]
+        for max_seq_len in (None, 1, 2, 5, 12, 64):
+            summary = no_target_summary("sft", dataset, max_seq_len, overlong)
+            assert (summary.documents, summary.no_target) == brute_force_no_target(rows, max_seq_len, overlong)
+
+
+def test_a_source_without_a_loss_mask_has_no_target_summary() -> None:
+    from lightning_tune_data.sources.lengths import no_target_summary
+
+    assert no_target_summary("web", datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]]}), 2) is None
+
+
+def test_overlong_warning_never_suggests_concat_for_a_masked_source() -> None:
+    rows = [[0] * 40] * 10
+    masked = datasets.Dataset.from_dict({"input_ids": rows, "loss_mask": [[False] * 20 + [True] * 20] * 10})
+    plain = datasets.Dataset.from_dict({"input_ids": rows})
+    sft, web = overlong_warnings({"sft": masked, "web": plain}, max_seq_len=32, overlong="truncate")
+    assert "concat" not in sft and sft.endswith("Raise max_seq_len or shorten the documents (their prompts).")
+    assert "packing='concat'" in web

@@ -38,10 +38,10 @@ DDP_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "metrics_ddp_data
 WEIGHTS = {"a": 0.7, "b": 0.3}
 PREFIX = {"A": "a", "B": "b"}  # text prefix written by make_texts -> source name
 STREAM = "all"
-COUNTERS = ("samples_seen", "tokens_seen", "epochs_completed", "seq_len_window_size")
+COUNTERS = ("samples_seen", "tokens_seen", "epochs_completed", "seq_len_window_size", "target_tokens", "no_target_docs")
 WINDOW = 16  # small, so the sliding window (and its union across ranks) is really exercised
 
-Record = tuple[str, int, int, bool]  # (source, tokens, epoch, new_document) of one document piece
+Record = tuple[str, int, int, bool, int]  # (source, tokens, epoch, new_document, target labels) of one document piece
 
 
 # --------------------------------------------------------------------------- data and runs
@@ -86,7 +86,7 @@ def records_of(batch: dict[str, Any], tokenizer: ByteTokenizer) -> list[Record]:
         tokenizer: Decodes document starts to read the source's text prefix.
     """
     prov = batch["provenance"]
-    records = list(zip(prov["source"], prov["tokens"], prov["epoch"], prov["new_document"]))
+    records = list(zip(prov["source"], prov["tokens"], prov["epoch"], prov["new_document"], prov["target_tokens"]))
     ids = batch["input_ids"]
     if "seq_lens" in batch:  # packed: one provenance entry per nonzero seq_len, row by row
         pieces = []
@@ -99,13 +99,15 @@ def records_of(batch: dict[str, Any], tokenizer: ByteTokenizer) -> list[Record]:
         lengths = batch["attention_mask"].sum(dim=1).tolist()
         pieces = [(row, 0, int(length)) for row, length in enumerate(lengths)]
     assert len(pieces) == len(records), "provenance must have one entry per document piece in the batch"
-    for (row, offset, length), (source, tokens, _, new_document) in zip(pieces, records):
+    for (row, offset, length), (source, tokens, _, new_document, targets) in zip(pieces, records):
         assert tokens == length, "provenance tokens must equal the piece's real tokens in the batch"
+        assert targets == int((batch["labels"][row, offset : offset + length] != -100).sum()), \
+            "provenance target_tokens must equal the piece's target labels in the batch"
         piece = ids[row, offset : offset + length].tolist()
         assert (piece[0] == tokenizer.bos_id) == new_document, "a new document starts with BOS, a continuation not"
         if new_document and length > 1:  # (a concat block may end right after a document's BOS)
             assert PREFIX[tokenizer.decode(piece[1:2])] == source, "provenance source must match the text"
-    return [(str(s), int(t), int(e), bool(n)) for s, t, e, n in records]
+    return [(str(s), int(t), int(e), bool(n), int(g)) for s, t, e, n, g in records]
 
 
 class ProvenanceRecorder(Callback):
@@ -178,15 +180,32 @@ def expected_metrics(ranks: Sequence[Sequence[Sequence[Record]]], weights: dict[
             tokens += sum(r[1] for r in mine)
             epochs = max([epochs] + [r[2] for r in mine])
             window += [r[1] for r in mine][-WINDOW:]
+        targets = sum(r[4] for batches in ranks for batch in batches for r in batch if name == STREAM or r[0] == name)
+        no_target = sum(1 for batches in ranks for batch in batches for i, r in enumerate(batch)
+                        if (name == STREAM or r[0] == name) and has_no_target(batch, i))
         out[name] = {"samples_seen": samples, "tokens_seen": tokens, "epochs_completed": epochs,
                      "seq_len_window_size": len(window), "seq_len_mean": statistics.fmean(window),
-                     "seq_len_p50": statistics.median(window)}
+                     "seq_len_p50": statistics.median(window), "target_tokens": targets, "no_target_docs": no_target}
     total = out[STREAM]
     for name, weight in weights.items():
         out[name]["share"] = out[name]["samples_seen"] / total["samples_seen"]
         out[name]["token_share"] = out[name]["tokens_seen"] / total["tokens_seen"]
         out[name]["target_weight"] = weight
     return out
+
+
+def has_no_target(batch: Sequence[Record], index: int) -> bool:
+    """Whether the document starting at piece ``index`` has no target label in the batch: its first piece and
+    the pieces continuing it in the next rows (concat) hold none, and it does not run to the end of a batch
+    that splits documents (it may go on, with targets, in a later batch)."""
+    if not batch[index][3]:
+        return False
+    last = index
+    while batch[last][4] == 0 and last + 1 < len(batch) and not batch[last + 1][3]:
+        last += 1
+    if any(r[4] for r in batch[index : last + 1]):
+        return False
+    return not (last == len(batch) - 1 and any(not r[3] for r in batch))
 
 
 def assert_metrics_equal(got: dict[str, dict], want: dict[str, dict], where: str) -> None:

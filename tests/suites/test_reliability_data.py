@@ -12,7 +12,7 @@ import pytest
 from conftest import write_jsonl
 
 from lightning_tune_data import ByteTokenizer, LocalDatasetManager, TextDataModule
-from lightning_tune_data.cache.saved_dataset import CACHE_MANIFEST
+from lightning_tune_data.cache.marker import COMPLETE_MARKER
 from lightning_tune_data.managers import DataSourceError
 from lightning_tune_data.preprocess import PreprocessError
 
@@ -80,8 +80,8 @@ def test_bad_rows_within_the_budget_are_skipped_counted_and_left_out_of_the_cach
         manager, dataset = prepare(tmp_path, [data], max_error_count=3, num_proc=num_proc)
     assert cached_texts(dataset) == good  # only the good rows, in file order
     assert dataset.column_names == ["input_ids"]  # the error tag column is not cached
-    manifest = json.loads((manager.cache_dir_for(TOKENIZER, tmp_path / "cache") / CACHE_MANIFEST).read_text())
-    assert manifest["skipped_rows"] == 3 and manifest["num_rows"] == 37
+    commit = json.loads((manager.cache_dir_for(TOKENIZER, tmp_path / "cache") / COMPLETE_MARKER).read_text())
+    assert commit["store"]["skipped_rows"] == 3 and commit["store"]["rows"] == 37
 
 
 @pytest.mark.parametrize("num_proc", [None, 2])

@@ -98,7 +98,7 @@ def test_concurrent_prepare_data_builds_once_and_the_other_process_waits_and_reu
 
 # -- corrupt caches ------------------------------------------------------------------------
 def arrow_file(dm: TextDataModule, cache_dir: Path) -> Path:
-    return next((source_of(dm).cache_dir_for(TOKENIZER, cache_dir) / "dataset").glob("*.arrow"))
+    return next((source_of(dm).cache_dir_for(TOKENIZER, cache_dir) / "shards").rglob("*.arrow"))
 
 
 @pytest.mark.parametrize("damage", ["truncate", "overwrite_header"])

@@ -1,0 +1,168 @@
+"""``lightning-tune-data cache verify``, and ``cache list|clean`` on a remote cache root.
+
+``verify`` re-hashes every file of every committed store under a root (local or remote) and
+compares it with the checksum recorded when it was written: the full check that opening a store
+skips (opening compares sizes, and hashes only files changed since they were last verified).
+
+On a remote root (``s3://bucket/prefix``, ...), ``list`` shows each store with its rows, tokens
+and size, committed or not (naming the unfinished tasks), and ``clean`` removes the stores that
+are not committed or were written by another version of the package (``--all``: every store).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM, READ_CHUNK_BYTES, verify_files
+from lightning_tune_data.cache.marker import COMPLETE_MARKER, marker_matches, read_cache_metadata
+from lightning_tune_data.cache.root import StoreRoot
+from lightning_tune_data.cache.sizes import human_size
+from lightning_tune_data.cache.store_files import StoreFiles
+from lightning_tune_data.cache.tasks import describe_tasks, task_progress
+from lightning_tune_data.version import __version__
+
+__all__ = ["RemoteStore", "list_remote", "clean_remote", "remote_stores", "verify_root"]
+
+
+@dataclass
+class RemoteStore:
+    """One store folder under a remote root, as ``cache list`` shows it."""
+
+    files: StoreFiles
+    source: str
+    size: int
+    rows: int | None
+    stale: str | None
+
+    def row(self) -> list[str]:
+        """The store's cells: name, size, source, rows, status."""
+        rows = f"{self.rows:,} rows" if self.rows is not None else "-"
+        return [self.files.name, human_size(self.size), self.source, rows,
+                f"stale: {self.stale}" if self.stale else "committed"]
+
+
+def _store_names(root: StoreRoot) -> list[str]:
+    fs = root.filesystem()
+    base = root.join()
+    try:
+        fs.invalidate_cache(base)
+        entries = root.call(root.url, lambda: fs.ls(base, detail=True))
+    except FileNotFoundError:
+        return []
+    return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+
+
+def remote_stores(root: StoreRoot, source: str | None = None) -> list[RemoteStore]:
+    """Every store folder under a remote root (only ``source``'s when given).
+
+    Args:
+        root: The remote cache root.
+        source: A source name to keep.
+    """
+    stores = []
+    for name in _store_names(root):
+        files = StoreFiles(root, name)
+        content = files.read_json(COMPLETE_MARKER)
+        inputs = (content or {}).get("inputs") or {}
+        label = inputs.get("source_name") or inputs.get("source_key") or name.rsplit("-", 1)[0]
+        if source is not None and label != source:
+            continue
+        size = int(root.call(files.url(), lambda: files.fs.du(files.path())))
+        if marker_matches(content):
+            stale = None if content.get("package_version") == __version__ else (
+                f"built by version {content.get('package_version')}, this is {__version__}")
+            rows = (content.get("store") or {}).get("rows")
+        else:
+            progress = task_progress(files)
+            num_tasks, done = max(progress.items(), key=lambda item: len(item[1])) if progress else (0, set())
+            missing = [i for i in range(num_tasks) if i not in done]
+            stale = (f"not committed: {describe_tasks(missing, num_tasks)} of {num_tasks} unfinished" if missing
+                     else "not committed" if num_tasks else "no store in it")
+            rows = None
+        stores.append(RemoteStore(files, label, size, rows, stale))
+    return stores
+
+
+def list_remote(root: StoreRoot, source: str | None) -> int:
+    """Print the stores under a remote root; returns 0."""
+    stores = remote_stores(root, source)
+    if not stores:
+        print(f"No stores in {root.url}.")
+        return 0
+    header = ["STORE", "SIZE", "SOURCE", "ROWS", "STATUS"]
+    rows = [header, *[s.row() for s in stores]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    print("\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows))
+    stale = [s for s in stores if s.stale]
+    hint = f": 'lightning-tune-data cache clean --cache-dir {root.url}' removes them" if stale else ""
+    print(f"\n{len(stores)} stores, {human_size(sum(s.size for s in stores))} in {root.url}; {len(stale)} stale{hint}.")
+    return 0
+
+
+def clean_remote(root: StoreRoot, source: str | None, everything: bool, dry_run: bool) -> int:
+    """Remove the stale (or, with ``everything``, all) stores under a remote root; returns 0."""
+    stores = remote_stores(root, source)
+    doomed = stores if everything else [s for s in stores if s.stale]
+    verb = "Would remove" if dry_run else "Removed"
+    for store in doomed:
+        if not dry_run:
+            store.files.remove()
+        print(f"{verb} {store.files.url()} ({human_size(store.size)}, {store.source}"
+              f"{', ' + store.stale if store.stale else ''})")
+    print(f"{verb} {len(doomed)} of {len(stores)} stores in {root.url}.")
+    return 0
+
+
+def _remote_checksum(files: StoreFiles, relative: str) -> str:
+    digest = xxhash.xxh3_128()
+    with files.root.call(files.url(relative), lambda: files.fs.open(files.path(relative), "rb")) as handle:
+        while chunk := handle.read(READ_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _verify_remote(files: StoreFiles, content: dict[str, Any]) -> str | None:
+    for relative, expected in sorted((content.get("files") or {}).items()):
+        size = files.size(relative)
+        if size != expected.get("size"):
+            return f"{files.url(relative)} has {size} bytes, {expected.get('size')} were written"
+        got = _remote_checksum(files, relative)
+        if got != expected.get(CHECKSUM_ALGORITHM):
+            return (f"{files.url(relative)} does not match the checksum recorded when it was written "
+                    f"({CHECKSUM_ALGORITHM} {got} != {expected.get(CHECKSUM_ALGORITHM)})")
+    return None
+
+
+def verify_root(args: argparse.Namespace) -> int:
+    """``cache verify``: re-hash every committed store under ``args.cache_dir``.
+
+    Returns:
+        0 when every store is intact, 1 when one is corrupt (each problem printed).
+    """
+    root = StoreRoot.of(args.cache_dir)
+    checked, bad = 0, 0
+    if root.is_remote:
+        targets = [(s.files.url(), s.files) for s in remote_stores(root, args.source) if s.stale is None]
+    else:
+        folder = root.local_path().expanduser()
+        targets = [(str(p), p) for p in sorted(folder.iterdir()) if p.is_dir() and read_cache_metadata(p)] \
+            if folder.is_dir() else []
+    for label, target in targets:
+        if isinstance(target, Path):
+            content = read_cache_metadata(target) or {}
+            inputs = content.get("inputs") or {}
+            if args.source is not None and inputs.get("source_name") != args.source:
+                continue
+            problem = verify_files(target, content.get("files") or {}, "full")
+        else:
+            problem = _verify_remote(target, target.read_json(COMPLETE_MARKER) or {})
+        checked += 1
+        bad += problem is not None
+        print(f"{label}: {'CORRUPT: ' + problem if problem else 'ok'}")
+    print(f"Verified {checked} stores in {root.url}: {bad} corrupt.")
+    return 1 if bad else 0

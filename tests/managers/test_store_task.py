@@ -1,0 +1,92 @@
+"""One task of a source's store: written once (a rerun skips it), published, and the store
+committed by whichever task finishes last, with the same rows whatever the number of tasks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import make_texts, write_jsonl
+
+from lightning_tune_data.cache.marker import COMPLETE_MARKER
+from lightning_tune_data.cache.tasks import StoreNotCommittedError
+from lightning_tune_data.managers import CacheMissingError, LocalDatasetManager
+from lightning_tune_data.managers.store_task import finalize_source_store, run_store_task
+from lightning_tune_data.tokenizers import ByteTokenizer
+
+TOK = ByteTokenizer()
+
+
+def manager(tmp_path: Path, files: int = 5) -> LocalDatasetManager:
+    paths = [str(write_jsonl(tmp_path / "data" / f"part-{i}.jsonl", make_texts(7 + i, seed=i, prefix=f"f{i}")))
+             for i in range(files)]
+    source = LocalDatasetManager(data_files=paths)
+    source.source_name = "notes"
+    return source
+
+
+@pytest.mark.parametrize("files", [5, 2])  # whole files per task, or row ranges of fewer files
+def test_three_tasks_write_the_rows_one_task_writes_and_the_last_commits(tmp_path: Path, files: int) -> None:
+    source = manager(tmp_path, files)
+    statuses = [run_store_task(source, TOK, tmp_path / "tasks3", index, 3) for index in (2, 0, 1)]
+    assert [s.startswith("written") for s in statuses] == [True, True, True]
+    assert "store committed" in statuses[-1] and "committed" not in statuses[0]
+    run_store_task(source, TOK, tmp_path / "single", 0, 1)
+    assert source.setup(TOK, tmp_path / "tasks3")["input_ids"] == source.setup(TOK, tmp_path / "single")["input_ids"]
+    assert source.prepare_data(TOK, tmp_path / "tasks3") == source.cache_dir_for(TOK, tmp_path / "tasks3")
+
+
+def test_a_finished_task_is_skipped_and_a_committed_store_left_alone(tmp_path: Path) -> None:
+    source = manager(tmp_path)
+    assert run_store_task(source, TOK, tmp_path / "c", 0, 2).startswith("written")
+    assert run_store_task(source, TOK, tmp_path / "c", 0, 2) == "already done"
+    assert run_store_task(source, TOK, tmp_path / "c", 1, 2).endswith("store committed")
+    assert run_store_task(source, TOK, tmp_path / "c", 0, 2) == "store committed before"
+
+
+def test_an_unfinished_store_is_refused_naming_the_missing_tasks(tmp_path: Path) -> None:
+    source = manager(tmp_path)
+    run_store_task(source, TOK, tmp_path / "c", 1, 3)
+    with pytest.raises(StoreNotCommittedError, match=r"source 'notes' .*: the store at .* is not committed: tasks "
+                                                     r"0, 2 of 3 have not finished\. Run them \(lightning-tune-data "
+                                                     r"prepare --config <config> --task-index I --num-tasks 3\)"):
+        source.setup(TOK, tmp_path / "c")
+    with pytest.raises(StoreNotCommittedError, match=r"tasks 0, 2 of 3 have not finished"):
+        source.prepare_data(TOK, tmp_path / "c")  # never silently rebuilt over other tasks' work
+    with pytest.raises(StoreNotCommittedError, match=r"tasks 0, 2 of 3"):
+        finalize_source_store(source, TOK, tmp_path / "c")
+
+
+def test_another_task_count_against_a_partly_written_store_says_how_to_start_over(tmp_path: Path) -> None:
+    source = manager(tmp_path)
+    run_store_task(source, TOK, tmp_path / "c", 0, 4)
+    with pytest.raises(StoreNotCommittedError, match=r"is being written by 4 tasks \(1 finished\), not 2: .* Run with "
+                                                     r"--num-tasks 4, or start over after removing the store "
+                                                     r"\(lightning-tune-data cache clean --cache-dir .* --all"):
+        run_store_task(source, TOK, tmp_path / "c", 1, 2)
+
+
+def test_finalize_commits_finished_tasks_once_and_says_when_nothing_was_written(tmp_path: Path) -> None:
+    source = manager(tmp_path)
+    with pytest.raises(StoreNotCommittedError, match=r"no task has written the store"):
+        finalize_source_store(source, TOK, tmp_path / "c")
+    with pytest.raises(CacheMissingError, match=r"no valid preprocessed cache"):
+        source.setup(TOK, tmp_path / "c")
+    for index in range(2):
+        run_store_task(source, TOK, tmp_path / "c", index, 2)
+    commit = Path(source.cache_dir_for(TOK, tmp_path / "c")) / COMPLETE_MARKER
+    first = commit.read_bytes()
+    commit.unlink()  # as if both tasks died right before committing
+    assert finalize_source_store(source, TOK, tmp_path / "c") == "committed"
+    assert commit.read_bytes() == first
+    assert finalize_source_store(source, TOK, tmp_path / "c") == "committed before"
+
+
+def test_a_killed_tasks_staging_folder_is_removed_when_the_task_runs_again(tmp_path: Path) -> None:
+    source = manager(tmp_path)
+    root = tmp_path / "c"
+    name = source.cache_dir_for(TOK, root).name
+    dead = root / f".{name}.task-0-of-2.tmp-999999999-abcdef12"  # no such process
+    (dead / "shards").mkdir(parents=True)
+    assert run_store_task(source, TOK, root, 0, 2).startswith("written")
+    assert not dead.exists() and not [p for p in root.iterdir() if ".tmp-" in p.name]

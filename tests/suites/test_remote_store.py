@@ -164,8 +164,10 @@ def test_four_task_processes_write_one_s3_store_equal_to_a_one_task_store_row_fo
     path = write_yaml(tmp_path / "s3.yaml", s3_config(s3, files, tmp_path / "writer"))
     results = finish([start_prepare(path, "--task-index", str(i), "--num-tasks", "4") for i in range(4)])
 
+    lines = [line for _, out, _ in results for line in out.splitlines()]
     for source in SOURCES:
-        assert any(f"train/{source}: written" in out and "store committed" in out for _, out, _ in results), results
+        written = [line for line in lines if f": train/{source}: written" in line]
+        assert len(written) == 4 and any(line.endswith("store committed") for line in written), lines
         commit = commit_of(s3, source)
         assert commit["store"]["num_tasks"] == 4
         assert {shard["path"].split("/")[1] for shard in commit["store"]["shards"]} == {
@@ -200,6 +202,8 @@ def test_a_killed_task_leaves_no_done_marker_and_rerunning_only_it_commits_the_u
     assert f"{store_a}/tasks/task-00001-of-00004.done" in keys
     assert f"{store_a}/tasks/task-00002-of-00004.done" not in keys
     assert not [k for k in keys if k.endswith("_COMPLETE.json")]
+    leftovers = sorted((tmp_path / "writer").glob(f".{store_a}.task-2-of-4.tmp-*"))
+    assert leftovers, "the killed task's local staging folder"
 
     reader = s3_config(s3, files, tmp_path / "reader")
     with pytest.raises(StoreNotCommittedError, match=r"task 2 of 4 have not finished") as refused:
@@ -211,6 +215,7 @@ def test_a_killed_task_leaves_no_done_marker_and_rerunning_only_it_commits_the_u
     rerun = prepare_task(content, 2, 4)
     assert all(status.startswith("written") and status.endswith("store committed") for status in rerun.values()), rerun
     assert prepare_task(content, 3, 4) == {"train/a": "store committed before", "train/b": "store committed before"}
+    assert not [p for p in leftovers if p.exists()], "the rerun removes the killed run's staging folder"
 
     assert rows(set_up(reader)) == rows(one_task_store(tmp_path, files))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -61,3 +62,105 @@ class BatchRecorder(Callback):
         self.steps.append(trainer.global_step)
         self.batches.append({k: v.clone() for k, v in batch.items() if isinstance(v, torch.Tensor)})
         self.provenance.append({k: list(v) for k, v in batch.get("provenance", {}).items()})
+
+
+# -- a real S3 API on 127.0.0.1 (moto's server) ------------------------------------------------
+class S3Requests:
+    """WSGI middleware of the test S3 server: records ``(method, path)`` of every request served."""
+
+    def __init__(self, app) -> None:  # noqa: ANN001
+        self.app = app
+        self.log: list[tuple[str, str]] = []
+
+    def __call__(self, environ, start_response):  # noqa: ANN001, ANN204
+        self.log.append((environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")))
+        return self.app(environ, start_response)
+
+    def gets(self, path_part: str) -> int:
+        """How many GET requests so far were for a path containing ``path_part``."""
+        return sum(1 for method, path in self.log if method == "GET" and path_part in path)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A moto S3 server on 127.0.0.1 (a free port), for the whole session: yields
+    ``(endpoint_url, S3Requests)``; the request log sees every request any process sends it."""
+    from moto.server import DomainDispatcherApplication, MotoRequestHandler, ThreadedMotoServer, create_backend_app
+    from werkzeug.serving import make_server
+
+    requests_seen: list[S3Requests] = []
+
+    class RecordingServer(ThreadedMotoServer):
+        def _server_entry(self) -> None:
+            app = S3Requests(DomainDispatcherApplication(create_backend_app))
+            requests_seen.append(app)
+            self._server = make_server(self._ip_address, self._port, app, True, request_handler=MotoRequestHandler)
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    server = RecordingServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}", requests_seen[0]
+    finally:
+        server.stop()
+
+
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+class S3Place:
+    """One test's own bucket and prefix on the test S3 server.
+
+    Attributes:
+        endpoint: The server's URL.
+        bucket, prefix: Where the test writes.
+        url: ``s3://<bucket>/<prefix>``: a ``cache_dir``.
+        storage_options: The s3fs options reaching the server.
+        requests: The server's request log.
+    """
+
+    def __init__(self, endpoint: str, bucket: str, prefix: str, requests: S3Requests) -> None:
+        import boto3
+
+        self.endpoint, self.bucket, self.prefix, self.requests = endpoint, bucket, prefix, requests
+        self.url = f"s3://{bucket}/{prefix}"
+        self.storage_options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
+        self.client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                                   aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def keys(self) -> list[str]:
+        """Every object key under the prefix, relative to it, sorted."""
+        keys: list[str] = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix + "/"):
+            keys += [item["Key"][len(self.prefix) + 1:] for item in page.get("Contents", [])]
+        return sorted(keys)
+
+    def get(self, key: str) -> bytes:
+        """An object's bytes (``key`` relative to the prefix)."""
+        return self.client.get_object(Bucket=self.bucket, Key=f"{self.prefix}/{key}")["Body"].read()
+
+    def put(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=f"{self.prefix}/{key}", Body=data)
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=f"{self.prefix}/{key}")
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch, request) -> S3Place:
+    """A fresh bucket and prefix for this test (s3fs caches listings and filesystems, so no two
+    tests share a path); the AWS environment points at the test server's fake credentials."""
+    import re
+    import uuid
+
+    for name, value in S3_ENV.items():
+        monkeypatch.setenv(name, value)
+    endpoint, requests_seen = s3_server
+    bucket = "t-" + uuid.uuid4().hex[:16]
+    place = S3Place(endpoint, bucket, re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40] + "-" +
+                    uuid.uuid4().hex[:8], requests_seen)
+    place.client.create_bucket(Bucket=bucket)
+    return place

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_tune_data.cache.fingerprints import json_default
-from lightning_tune_data.cache.root import StoreRoot
+from lightning_tune_data.cache.root import StorageError, StoreRoot, _short_error
 
 __all__ = ["StoreFiles"]
 
@@ -43,6 +43,16 @@ class StoreFiles:
 
     def _call(self, relative: str, action: Any) -> Any:
         return self.root.call(self.url(relative), action)
+
+    def _write(self, relative: str, action: Any) -> None:
+        """Run a write; a missing bucket (``FileNotFoundError`` from the filesystem) names the URL."""
+        try:
+            self._call(relative, action)
+        except FileNotFoundError as error:
+            raise StorageError(
+                f"cache_dir {self.root.url}: cannot write {self.url(relative)} ({_short_error(error)}); "
+                f"create the bucket (or container) first, or fix cache_dir."
+            ) from None
 
     def exists(self, relative: str) -> bool:
         """Whether the file exists."""
@@ -94,7 +104,7 @@ class StoreFiles:
                 os.fsync(handle.fileno())
             os.replace(temp, target)
             return
-        self._call(relative, lambda: self.fs.pipe_file(self.path(relative), data))
+        self._write(relative, lambda: self.fs.pipe_file(self.path(relative), data))
 
     def write_json(self, relative: str, content: Any) -> bytes:
         """Write ``content`` as canonical JSON (sorted keys, so equal content is equal bytes).
@@ -132,7 +142,7 @@ class StoreFiles:
                 os.fsync(handle.fileno())
             os.replace(temp, target)
             return
-        self._call(relative, lambda: self.fs.put_file(str(local), self.path(relative)))
+        self._write(relative, lambda: self.fs.put_file(str(local), self.path(relative)))
 
     def get(self, relative: str, local: Path) -> None:
         """Download a file to ``local`` (its folder must exist)."""

@@ -32,7 +32,8 @@ def task_from_environment(environ: Mapping[str, str] | None = None) -> tuple[int
     env = os.environ if environ is None else environ
     if "SLURM_ARRAY_TASK_ID" in env and "SLURM_ARRAY_TASK_COUNT" in env:
         first = int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
-        return int(env["SLURM_ARRAY_TASK_ID"]) - first, int(env["SLURM_ARRAY_TASK_COUNT"])
+        step = max(1, int(env.get("SLURM_ARRAY_TASK_STEP") or "1"))  # --array=0-63:4 numbers tasks 0, 4, ...
+        return (int(env["SLURM_ARRAY_TASK_ID"]) - first) // step, int(env["SLURM_ARRAY_TASK_COUNT"])
     if "RANK" in env and "WORLD_SIZE" in env:
         return int(env["RANK"]), int(env["WORLD_SIZE"])
     return None

@@ -259,7 +259,8 @@ class SourceManager(ABC):
         root = StoreRoot.of(cache_dir)
         if self.streaming:
             return self.preprocessing().tokenize_stream(self._load(root.local_dir, streaming=True), tokenizer)
-        return self._cache(root, self.fingerprint(tokenizer, root.local_dir)).open()
+        cache, _, inputs = self.store_task(tokenizer, root)
+        return cache.open(inputs)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._source_label()}, weight={self.weight}, stages={self.stages})"

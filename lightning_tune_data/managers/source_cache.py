@@ -156,8 +156,12 @@ class SourceCache:
             upload_store(local, files, self.description)
         return local
 
-    def local_store(self) -> Path:
+    def local_store(self, inputs: Mapping[str, Any] | None = None) -> Path:
         """This node's committed copy of the store (downloaded first for a remote root).
+
+        Args:
+            inputs: What the store is built from: recorded in the commit when every task of the
+                store finished but none committed it (so the commit is the one a finalizer writes).
 
         Raises:
             CacheMissingError: There is no committed store of this configuration.
@@ -168,9 +172,9 @@ class SourceCache:
         files = self.files()
         content = self.committed(files)
         if content is None and self.root.is_remote:
-            content = self.finish_tasks(files, {})
+            content = self.finish_tasks(files, inputs or {})
         elif content is None and (final_dir / "tasks").is_dir():
-            self.finish_tasks(files, {})  # names the unfinished tasks
+            self.finish_tasks(files, inputs or {})  # names the unfinished tasks
         if content is None:
             others = other_caches(self.root.local_dir, self.key)
             hint = (
@@ -188,14 +192,17 @@ class SourceCache:
             return download_store(files, content, final_dir, self.description)
         return final_dir
 
-    def open(self) -> datasets.Dataset:
+    def open(self, inputs: Mapping[str, Any] | None = None) -> datasets.Dataset:
         """Memory-map the committed store (this never builds it; a remote one is downloaded to
         this node first).
+
+        Args:
+            inputs: What the store is built from (see :meth:`local_store`).
 
         Raises:
             CacheMissingError: There is no committed store of this configuration, or it is corrupt.
         """
-        folder = self.local_store()
+        folder = self.local_store(inputs)
         dataset, problem = open_store(folder, read_cache_metadata(folder))
         if problem is not None:
             raise CacheMissingError(

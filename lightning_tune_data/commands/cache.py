@@ -19,6 +19,7 @@ config using those settings reuses them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -128,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--cache_dir", "--cache-dir", default=str(default_cache_dir()),
                          help="the cache root (the data.cache_dir of your config; default: %(default)s)")
         sub.add_argument("--source", default=None, help="only caches of this source name")
+        sub.add_argument("--storage-options", "--storage_options", type=json.loads, default=None,
+                         help="JSON options of a remote cache root's filesystem (the data.storage_options "
+                              "of your config), e.g. '{\"endpoint_url\": \"http://...\"}'")
         if name == "clean":
             sub.add_argument("--all", action="store_true", help="remove every cache, not only stale ones")
             sub.add_argument("--dry-run", "--dry_run", action="store_true", help="only print what would be removed")
@@ -144,7 +148,7 @@ def main(argv: list[str]) -> int:
     if args.action == "verify":
         return verify_root(args)
     if "://" in args.cache_dir and not args.cache_dir.startswith("file://"):
-        remote = StoreRoot(args.cache_dir)
+        remote = StoreRoot(args.cache_dir, args.storage_options)
         if args.action == "list":
             return list_remote(remote, args.source)
         return clean_remote(remote, args.source, args.all, args.dry_run)

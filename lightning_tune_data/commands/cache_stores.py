@@ -119,6 +119,7 @@ def clean_remote(root: StoreRoot, source: str | None, everything: bool, dry_run:
 
 
 def _remote_checksum(files: StoreFiles, relative: str) -> str:
+    files.fs.invalidate_cache(files.path(relative))  # read what is stored now, not a remembered version
     digest = xxhash.xxh3_128()
     with files.root.call(files.url(relative), lambda: files.fs.open(files.path(relative), "rb")) as handle:
         while chunk := handle.read(READ_CHUNK_BYTES):
@@ -144,7 +145,7 @@ def verify_root(args: argparse.Namespace) -> int:
     Returns:
         0 when every store is intact, 1 when one is corrupt (each problem printed).
     """
-    root = StoreRoot.of(args.cache_dir)
+    root = StoreRoot(args.cache_dir, args.storage_options)
     checked, bad = 0, 0
     if root.is_remote:
         targets = [(s.files.url(), s.files) for s in remote_stores(root, args.source) if s.stale is None]

@@ -84,6 +84,8 @@ class TaskManifest:
         rows_read: Rows the task read before preprocessing.
         skipped_rows: Rows dropped because their preprocessing failed.
         shards: The shards written, in row order.
+        store_inputs: What the whole store is built from (source, fingerprint parts), so a later
+            run with another configuration can say what changed.
     """
 
     fingerprint: str
@@ -94,20 +96,22 @@ class TaskManifest:
     rows_read: int
     skipped_rows: int
     shards: list[ShardRecord] = field(default_factory=list)
+    store_inputs: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         """The manifest as written to ``tasks/<task>.json``."""
         return {"store_format": STORE_FORMAT, "fingerprint": self.fingerprint, "task_index": self.task_index,
                 "num_tasks": self.num_tasks, "inputs": self.inputs, "columns": self.columns,
                 "rows_read": self.rows_read, "skipped_rows": self.skipped_rows,
-                "shards": [shard.as_json() for shard in self.shards]}
+                "shards": [shard.as_json() for shard in self.shards], "store_inputs": self.store_inputs}
 
     @classmethod
     def from_json(cls, content: Mapping[str, Any]) -> TaskManifest:
         """Read a manifest written by :meth:`as_json`."""
         return cls(content["fingerprint"], int(content["task_index"]), int(content["num_tasks"]),
                    dict(content.get("inputs") or {}), list(content["columns"]), int(content["rows_read"]),
-                   int(content["skipped_rows"]), [ShardRecord.from_json(s) for s in content["shards"]])
+                   int(content["skipped_rows"]), [ShardRecord.from_json(s) for s in content["shards"]],
+                   dict(content.get("store_inputs") or {}))
 
     def encoded(self) -> bytes:
         """The manifest's bytes (canonical JSON)."""

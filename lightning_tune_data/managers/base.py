@@ -211,7 +211,8 @@ class SourceManager(ABC):
         inputs = {"source_key": cache.key, "source_name": self.source_name,
                   "package_version": __version__, "parts": parts}
         build = CacheBuild(lambda: self.load_task(root, task_index, num_tasks), self.preprocessing(),
-                           self.input_files, tokenizer, cache.fingerprint, task_index, num_tasks, root.shard_bytes)
+                           self.input_files, tokenizer, cache.fingerprint, task_index, num_tasks, root.shard_bytes,
+                           inputs)
         return cache, build, inputs
 
     def prepare_data(

@@ -92,6 +92,7 @@ class CacheBuild:
         fingerprint: The store's fingerprint.
         task_index, num_tasks: Which task this is.
         shard_bytes: A shard is closed once it holds about this many bytes.
+        store_inputs: What the whole store is built from, recorded in the task manifest.
     """
 
     def __init__(
@@ -104,6 +105,7 @@ class CacheBuild:
         task_index: int = 0,
         num_tasks: int = 1,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
+        store_inputs: dict[str, Any] | None = None,
     ) -> None:
         self.load = load
         self.preprocessing = preprocessing
@@ -113,6 +115,7 @@ class CacheBuild:
         self.task_index = task_index
         self.num_tasks = num_tasks
         self.shard_bytes = shard_bytes
+        self.store_inputs = dict(store_inputs or {})
 
     def __call__(self, temp_dir: Path) -> TaskManifest:
         """Fill ``temp_dir`` with the task's shards, manifest and done-marker.
@@ -142,7 +145,7 @@ class CacheBuild:
         name = task_name(self.task_index, self.num_tasks)
         shards = write_shards(table, temp_dir, name, self.shard_bytes)
         manifest = TaskManifest(self.fingerprint, self.task_index, self.num_tasks, part,
-                                list(table.column_names), len(dataset), skipped_rows, shards)
+                                list(table.column_names), len(dataset), skipped_rows, shards, self.store_inputs)
         del processed, dataset, table
         shutil.rmtree(work_dir, ignore_errors=True)
         (temp_dir / TASK_FOLDER).mkdir(exist_ok=True)

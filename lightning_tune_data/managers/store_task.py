@@ -13,13 +13,23 @@ import logging
 import os
 import shutil
 import uuid
+import warnings
 from pathlib import Path
+from typing import Any
 
 
 from lightning_tune_data.cache.mirror import publish_task
 from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.store_files import StoreFiles
-from lightning_tune_data.cache.tasks import StoreNotCommittedError, commit_store, finished_task, task_progress
+from lightning_tune_data.cache.marker import COMPLETE_MARKER
+from lightning_tune_data.cache.records import describe_changes
+from lightning_tune_data.cache.tasks import (
+    TASK_FOLDER,
+    StoreNotCommittedError,
+    commit_store,
+    finished_task,
+    task_progress,
+)
 from lightning_tune_data.managers.base import SourceManager
 from lightning_tune_data.managers.task_inputs import check_task
 from lightning_tune_data.tokenizers import Tokenizer
@@ -65,6 +75,35 @@ def _staging_folder(root: StoreRoot, name: str, task_index: int, num_tasks: int)
     return folder
 
 
+def _other_partial_stores(root: StoreRoot, key: str, this: str) -> list[StoreFiles]:
+    """The partly written stores of the same source (another configuration) under the root."""
+    if root.is_remote:
+        fs = root.filesystem()
+        try:
+            fs.invalidate_cache(root.join())
+            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in root.call(root.url, lambda: fs.glob(root.join(f"{key}-*")))]
+        except FileNotFoundError:
+            names = []
+    else:
+        names = [p.name for p in root.local_dir.glob(f"{key}-*") if p.is_dir()]
+    others = [StoreFiles(root, name) for name in sorted(names) if name != this]
+    return [files for files in others if not files.exists(COMPLETE_MARKER) and task_progress(files)]
+
+
+def _warn_other_partial_stores(root: StoreRoot, key: str, files: StoreFiles, inputs: dict[str, Any],
+                               description: str) -> None:
+    for other in _other_partial_stores(root, key, files.name):
+        manifest_name = next((n for n in other.listing(TASK_FOLDER) if n.endswith(".json")), None)
+        old = (other.read_json(f"{TASK_FOLDER}/{manifest_name}") or {}).get("store_inputs") if manifest_name else None
+        what = "; ".join(describe_changes(old, inputs)) if old else "its configuration differs"
+        warnings.warn(
+            f"{description}: a partly written store of this source is at {other.url()}, but {what}, so this run "
+            f"writes a new store at {files.url()}. If that is intended, remove the old one (lightning-tune-data "
+            f"cache clean --cache-dir {root.url}); if not, restore the old configuration and rerun its tasks.",
+            stacklevel=3,
+        )
+
+
 def run_store_task(manager: SourceManager, tokenizer: Tokenizer, cache_dir: str | Path | StoreRoot,
                    task_index: int, num_tasks: int) -> str:
     """Run task ``task_index`` of ``num_tasks`` of the manager's store; commit it if complete.
@@ -89,6 +128,8 @@ def run_store_task(manager: SourceManager, tokenizer: Tokenizer, cache_dir: str 
     if cache.committed(files) is not None:
         return "store committed before"
     _check_task_count(files, num_tasks, cache.description, root)
+    if not task_progress(files):
+        _warn_other_partial_stores(root, cache.key, files, inputs, cache.description)
     if finished_task(files, task_index, num_tasks, cache.fingerprint) is not None:
         status = "already done"
     else:

@@ -90,3 +90,16 @@ def test_a_killed_tasks_staging_folder_is_removed_when_the_task_runs_again(tmp_p
     (dead / "shards").mkdir(parents=True)
     assert run_store_task(source, TOK, root, 0, 2).startswith("written")
     assert not dead.exists() and not [p for p in root.iterdir() if ".tmp-" in p.name]
+
+
+def test_a_new_configuration_beside_a_partly_written_store_says_what_changed(tmp_path: Path) -> None:
+    source = manager(tmp_path)
+    run_store_task(source, TOK, tmp_path / "c", 0, 2)  # then the data changes before task 1 ran
+    write_jsonl(tmp_path / "data" / "part-0.jsonl", make_texts(9, seed=99, prefix="edited"))
+    edited = LocalDatasetManager(data_files=list(source.data_files))
+    edited.source_name = "notes"
+    with pytest.warns(UserWarning, match=r"source 'notes' .*: a partly written store of this source is at .*notes-\w+, "
+                                         r"but data file part-0\.jsonl changed \(its content, \d+ -> \d+ bytes\), "
+                                         r"so this run writes a new store at .* remove the old one "
+                                         r"\(lightning-tune-data cache clean --cache-dir"):
+        run_store_task(edited, TOK, tmp_path / "c", 0, 2)

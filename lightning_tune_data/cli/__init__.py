@@ -28,12 +28,8 @@ from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
 from lightning_tune_data.commands import COMMANDS, run_command
 from lightning_tune_data.datamodule.module import TextDataModule
+from lightning_tune_data.loading.known_warnings import KNOWN_THIRD_PARTY_WARNINGS
 
-#: Third-party deprecation warnings every run would print, about code that is not the user's.
-KNOWN_THIRD_PARTY_WARNINGS = (
-    r".*isinstance\(treespec, LeafSpec\)` is deprecated",  # lightning's pytree helper on torch >= 2.13
-    r"'set_vital' is deprecated",  # torchdata's StatefulDataLoader on torch >= 2.13
-)
 
 
 class ConfigError(ValueError):

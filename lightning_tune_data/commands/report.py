@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batches", type=int, default=50, help="train batches to draw with --config (default 50)")
     parser.add_argument("--output", required=True, help="directory for report.md and the PNG charts")
     parser.add_argument("--cache-dir", default=None, help="override data.cache_dir of the config")
-    parser.add_argument("--preview-rows", type=int, default=3, help="rows of the first batch to preview (default 3)")
+    parser.add_argument("--preview-rows", type=int, default=3, help="rows of the first batch to preview, plus a row for each source they do not show (default 3)")
     return parser
 
 

@@ -1,7 +1,7 @@
 """``lightning-tune-data report``: a picture of the training data before (or after) training.
 
-    lightning-tune-data report --config configs/quickstart.yaml --batches 50 --output report/
-    lightning-tune-data report --metrics runs/quickstart/logs/version_0/metrics.csv --output report/
+    lightning-tune-data report --config configs/quickstart.yaml --batches 50 --output runs/quickstart/report
+    lightning-tune-data report --metrics runs/quickstart/logs/version_0/metrics.csv --output runs/quickstart/report
 
 With ``--config`` it draws ``--batches`` batches from the configured train stream (no model, no
 training; caches are prepared like ``fit`` would) and writes ``report.md`` with charts of the

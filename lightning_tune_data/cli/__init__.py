@@ -48,6 +48,7 @@ from lightning_tune_data.cli.error_lines import (
 from lightning_tune_data.cli.interrupts import InterruptCallback, install_interrupt_handling
 from lightning_tune_data.commands import COMMANDS, command_summaries, run_command
 from lightning_tune_data.datamodule.module import TextDataModule
+from lightning_tune_data.loading.known_warnings import KNOWN_THIRD_PARTY_WARNINGS
 from lightning_tune_data.managers.errors import CacheMissingError, DataSourceError
 from lightning_tune_data.preprocess import PreprocessError
 
@@ -60,12 +61,6 @@ DESCRIPTION = (
     "Train, evaluate and predict with LightningCLI over a mixture of text datasets "
     "(fit/validate/test/predict), and inspect the data (the other subcommands). Errors in a config "
     f"or in the data are one line; set {VERBOSE_VARIABLE}=1 for the full message and traceback."
-)
-
-#: Third-party deprecation warnings every run would print, about code that is not the user's.
-KNOWN_THIRD_PARTY_WARNINGS = (
-    r".*isinstance\(treespec, LeafSpec\)` is deprecated",  # lightning's pytree helper on torch >= 2.13
-    r"'set_vital' is deprecated",  # torchdata's StatefulDataLoader on torch >= 2.13
 )
 
 

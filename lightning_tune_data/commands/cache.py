@@ -1,7 +1,8 @@
 """``lightning-tune-data cache list|clean|verify``: what the preprocessed-data cache holds, and tidying it.
 
-``list`` shows one line per cache folder: its size, the source it was built for, when, and
-whether it is stale. ``clean`` removes the stale ones (``--all``: every cache; ``--dry-run``:
+``list`` shows one line per cache folder: its size, the source it was built for and the data it
+was built from (which tells apart two sources of the same name in different splits, e.g. a train
+and a val ``arithmetic``), when, and whether it is stale. ``clean`` removes the stale ones (``--all``: every cache; ``--dry-run``:
 only say what would go). A cache is **stale** when it can never be used again as it is:
 
 * its data files changed or disappeared since it was built (their content differs now);
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -48,11 +50,21 @@ class CacheEntry:
     source: str
     built: float | None
     stale: str | None  # why it is stale; None when it is usable
+    data: str = "-"  # what it was built from, e.g. "json data_files=['arithmetic_val.jsonl']"
 
     def row(self) -> list[str]:
-        """The entry's cells in the ``cache list`` table: name, size, source, build time, status."""
+        """The entry's cells in the ``cache list`` table: name, size, source, data, build time, status."""
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.built)) if self.built else "-"
-        return [self.path.name, human_size(self.size), self.source, when, f"stale: {self.stale}" if self.stale else "ok"]
+        return [self.path.name, human_size(self.size), self.source, self.data, when,
+                f"stale: {self.stale}" if self.stale else "ok"]
+
+
+def _built_from(description: str | None) -> str:
+    """The data part of a cache's description: ``source 'x' (json data_files=[...])`` -> ``json data_files=[...]``."""
+    if not description:
+        return "-"
+    match = re.fullmatch(r"source (?:'[^']*' )?\((.*)\)", description, flags=re.S)
+    return match.group(1) if match else description
 
 
 def _describe(path: Path, root: Path) -> CacheEntry:
@@ -70,7 +82,7 @@ def _describe(path: Path, root: Path) -> CacheEntry:
         stale = f"built by version {content.get('package_version')}, this is {__version__}"
     else:
         stale = changed_data_file(inputs.get("parts") or {}, root)
-    return CacheEntry(path, size, source, built, stale)
+    return CacheEntry(path, size, source, built, stale, _built_from(content.get("description")))
 
 
 def scan(root: str | os.PathLike[str]) -> list[CacheEntry]:
@@ -101,10 +113,20 @@ def scan(root: str | os.PathLike[str]) -> list[CacheEntry]:
 
 
 def _table(rows: list[list[str]]) -> str:
-    header = ["CACHE", "SIZE", "SOURCE", "BUILT", "STATUS"]
+    header = ["CACHE", "SIZE", "SOURCE", "DATA", "BUILT", "STATUS"]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip() for r in [header, *rows]]
     return "\n".join(lines)
+
+
+def _summary(entries: list[CacheEntry], root: Path) -> str:
+    """The line under the ``cache list`` table: totals, and how to remove the stale entries if any."""
+    stale = [e for e in entries if e.stale]
+    line = f"{len(entries)} entries, {human_size(sum(e.size for e in entries))} in {root}; "
+    if not stale:
+        return line + "nothing stale."
+    return line + (f"{len(stale)} stale ({human_size(sum(e.size for e in stale))}): "
+                   f"'lightning-tune-data cache clean --cache_dir {root}' removes them.")
 
 
 def _remove(path: Path) -> None:
@@ -122,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="lightning-tune-data cache", description=__doc__.split("\n\n")[0])
     actions = parser.add_subparsers(dest="action", required=True)
-    for name, text in (("list", "show caches: size, source, build time, stale or ok"),
+    for name, text in (("list", "show caches: size, source, data, build time, stale or ok"),
                        ("clean", "remove stale caches (or all with --all)"),
                        ("verify", "re-hash every file of every cache and compare with its recorded checksum")):
         sub = actions.add_parser(name, help=text)
@@ -159,11 +181,7 @@ def main(argv: list[str]) -> int:
             print(f"No caches in {root}.")
             return 0
         print(_table([e.row() for e in entries]))
-        stale = [e for e in entries if e.stale]
-        total = sum(e.size for e in entries)
-        print(f"\n{len(entries)} entries, {human_size(total)} in {root}; {len(stale)} stale "
-              f"({human_size(sum(e.size for e in stale))}): 'lightning-tune-data cache clean "
-              f"--cache_dir {root}' removes them.")
+        print(f"\n{_summary(entries, root)}")
         return 0
     doomed = entries if args.all else [e for e in entries if e.stale]
     verb = "Would remove" if args.dry_run else "Removed"

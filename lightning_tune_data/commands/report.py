@@ -1,7 +1,7 @@
 """``lightning-tune-data report``: a picture of the training data before (or after) training.
 
-    lightning-tune-data report --config configs/quickstart.yaml --batches 50 --output report/
-    lightning-tune-data report --metrics runs/quickstart/logs/version_0/metrics.csv --output report/
+    lightning-tune-data report --config configs/quickstart.yaml --batches 50 --output runs/quickstart/report
+    lightning-tune-data report --metrics runs/quickstart/logs/version_0/metrics.csv --output runs/quickstart/report
 
 With ``--config`` it draws ``--batches`` batches from the configured train stream (no model, no
 training; caches are prepared like ``fit`` would) and writes ``report.md`` with charts of the
@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batches", type=int, default=50, help="train batches to draw with --config (default 50)")
     parser.add_argument("--output", required=True, help="directory for report.md and the PNG charts")
     parser.add_argument("--cache-dir", default=None, help="override data.cache_dir of the config")
-    parser.add_argument("--preview-rows", type=int, default=3, help="rows of the first batch to preview (default 3)")
+    parser.add_argument("--preview-rows", type=int, default=3, help="rows of the first batch to preview, plus a row for each source they do not show (default 3)")
     return parser
 
 

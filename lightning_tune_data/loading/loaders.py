@@ -26,6 +26,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler, StatefulDistributedSampler
 
 from lightning_tune_data.keys import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE
+from lightning_tune_data.loading.known_warnings import ignore_known_third_party_warnings
 from lightning_tune_data.loading.resumable_loader import ResumableLoader
 from lightning_tune_data.sources.arrow_columns import ListColumn, arrow_table
 
@@ -191,6 +192,7 @@ def build_train_loader(
         finite: the stream ends (a finite stopping strategy); under DDP the ranks then agree at
             every batch whether all still have data (see :class:`ResumableLoader`), on a gloo group.
     """
+    ignore_known_third_party_warnings()  # the loader's own deprecation noise, and Lightning's when it wraps it
     kwargs = options.kwargs(train=True)
     if isinstance(dataset, IterableDataset):
         sampler = None
@@ -217,6 +219,7 @@ def build_eval_loader(dataset: EvalDocuments, collate_fn: Callable[[list[dict]],
         collate_fn: turns a list of samples into a batch.
         options: the eval loader options.
     """
+    ignore_known_third_party_warnings()  # Lightning's deprecation noise when it wraps the loaders
     options_kwargs = options.kwargs(train=False)
     if options.num_workers > dataset.num_rows:
         options_kwargs["num_workers"] = dataset.num_rows

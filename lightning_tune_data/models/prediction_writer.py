@@ -46,6 +46,20 @@ class PredictionWriter(BasePredictionWriter):
         path = self.output_path
         return path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
 
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Before a prediction restores a checkpoint: hide Lightning's note about the fit's callbacks.
+
+        Lightning warns when a checkpoint holds the state of callbacks the run does not have (the
+        fit's ``ModelCheckpoint``, ``DatasetMetricsCallback``); a prediction needs none of them.
+
+        Args:
+            trainer: The trainer.
+            pl_module: The module.
+            stage: The Lightning stage about to run; only ``predict`` hides the note.
+        """
+        if stage == "predict":
+            warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks used to create")
+
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Open (truncate) this rank's output file and restart the per-dataloader sample numbering.
 

@@ -84,6 +84,11 @@ class TinyCausalLM(Harness):
         learning_rate: AdamW learning rate.
         reported_metrics: named metric groups per stage (see ``Harness``).
         generate_tokens: tokens to generate per prompt in ``predict_step``.
+        temperature: sampling temperature of ``predict_step``; ``0`` picks the most likely token
+            every time (greedy: the same prompt always gives the same text). Not saved in
+            checkpoints: set it where you predict (e.g. ``configs/predict.yaml``).
+        top_k: ``predict_step`` samples among the ``top_k`` most likely tokens only (``None``: all).
+            Not saved in checkpoints either.
     """
 
     def __init__(
@@ -96,9 +101,19 @@ class TinyCausalLM(Harness):
         learning_rate: float = 3e-3,
         reported_metrics: ReportedMetrics | None = None,
         generate_tokens: int = 32,
+        temperature: float = 0.8,
+        top_k: int | None = 40,
     ) -> None:
         super().__init__(reported_metrics)
-        self.save_hyperparameters(ignore=["reported_metrics"])
+        if temperature < 0:
+            raise ValueError(f"TinyCausalLM: temperature must be >= 0 (0 = greedy), got {temperature}.")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"TinyCausalLM: top_k must be >= 1 or None (every token), got {top_k}.")
+        # Sampling options are prediction settings, not part of the trained model: a checkpoint's
+        # saved options would otherwise override what the predict config asks for.
+        self.save_hyperparameters(ignore=["reported_metrics", "temperature", "top_k"])
+        self.temperature = float(temperature)
+        self.top_k = top_k
         self.embed = nn.Embedding(vocab_size, d_model)
         self.positions = nn.Embedding(max_seq_len, d_model)
         self.blocks = nn.ModuleList(_Block(d_model, n_heads) for _ in range(n_layers))
@@ -152,7 +167,12 @@ class TinyCausalLM(Harness):
         return {"loss": loss, "num_tokens": num_tokens, "logits": logits, "labels": labels, "token_loss": token_loss}
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> list[list[int]]:
-        """Greedy continuation of each prompt; returns the prompt and generated token ids per row.
+        """Continue each prompt by ``generate_tokens`` tokens; returns the prompt and generated ids per row.
+
+        Tokens are sampled with ``temperature`` among the ``top_k`` most likely (``temperature=0``:
+        greedy). The draws are reproducible: they depend on the run's seed (``seed_everything``),
+        the rank, the dataloader and the batch, so identical prompts (e.g. BOS-only ones) give
+        different samples, on one rank and across ranks.
 
         Args:
             batch: A padded predict batch (prompts).
@@ -161,15 +181,31 @@ class TinyCausalLM(Harness):
         """
         input_ids = batch[INPUT_IDS]
         lengths = batch[ATTENTION_MASK].sum(dim=1)
+        seed = hash((torch.initial_seed(), self.global_rank, dataloader_idx, batch_idx)) % 2**63
+        generator = torch.Generator(device=input_ids.device).manual_seed(seed)
         generated: list[list[int]] = []
         for row in range(input_ids.shape[0]):
             tokens = input_ids[row, : lengths[row]].tolist()
             for _ in range(self.hparams.generate_tokens):
                 context = torch.tensor([tokens[-self.hparams.max_seq_len :]], device=input_ids.device)
-                next_token = int(self(context)[0, -1].argmax())
-                tokens.append(next_token)
+                tokens.append(self.next_token(self(context)[0, -1], generator))
             generated.append(tokens)
         return generated
+
+    def next_token(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> int:
+        """The token that follows, from the last position's ``logits`` (``temperature``, ``top_k``).
+
+        Args:
+            logits: ``[vocab]`` logits of the next token.
+            generator: the random generator to sample with (``None``: torch's global one).
+        """
+        if self.temperature == 0:
+            return int(logits.argmax())
+        scaled = logits.float() / self.temperature
+        if self.top_k is not None and self.top_k < scaled.numel():
+            kth_largest = torch.topk(scaled, self.top_k).values[-1]
+            scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
+        return int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """AdamW over every parameter with ``learning_rate``."""

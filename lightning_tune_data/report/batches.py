@@ -4,7 +4,8 @@
 config from its ``data:`` section, parsed the way the LightningCLI parses it. :func:`collect`
 draws batches from its train loader and returns a :class:`BatchReport`: the realised mix after
 every batch, per-batch padding, the final dataset metrics (the same numbers
-``DatasetMetricsCallback`` logs), document lengths from the cache, and a few rows to preview.
+``DatasetMetricsCallback`` logs), document lengths from the cache, and rows to preview: the first
+rows of the first batch, plus the first row that holds each source those rows miss.
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ class BatchReport:
         real_fraction: per batch, real tokens / positions (1 - padding share).
         metrics: the final dataset metrics, ``{name: {"metrics": {...}}}``.
         lengths: per source, every cached document's length (empty for streaming sources).
-        preview: the first rows of the first batch (``input_ids``, ``labels``, ``document_ids`` lists)
-            and their provenance.
+        preview: rows to preview (``input_ids``, ``labels``, ``document_ids`` lists) and the
+            provenance of their documents: the first rows of the first batch, then, for each source
+            they do not show, the first drawn row that holds it.
+        preview_origin: ``(batch, row)`` of each previewed row.
         notes: what explains the numbers (the end-of-fit table's notes): documents drawn with no
             target token, and documents held in open packs.
     """
@@ -96,6 +99,7 @@ class BatchReport:
     lengths: dict[str, np.ndarray] = field(default_factory=dict)
     preview: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    preview_origin: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def batches(self) -> int:
@@ -103,13 +107,41 @@ class BatchReport:
         return len(self.real_fraction)
 
 
-def _preview(batch: Mapping[str, Any], rows: int) -> dict[str, Any]:
-    """The first ``rows`` rows of ``batch`` as lists, with the provenance of their documents."""
-    out: dict[str, Any] = {key: batch[key][:rows].tolist() for key in PREVIEW_KEYS if key in batch}
+def _rows_of_entries(provenance: Mapping[str, Any]) -> list[int]:
+    """The batch row of each provenance entry (one document, or piece, per entry)."""
+    return [int(row) for row in provenance.get(ROW, range(len(provenance[SOURCE])))]
+
+
+def _pick_rows(batch: Mapping[str, Any], first: int, missing: set[str]) -> list[int]:
+    """Rows of ``batch`` to preview: its first ``first`` rows, then the first row of each source in
+    ``missing`` that those rows do not show (``missing`` loses every source the picked rows show)."""
     provenance = batch[PROVENANCE]
-    keep = [i for i, row in enumerate(provenance.get(ROW, range(len(provenance[SOURCE])))) if row < rows]
-    out[PROVENANCE] = {key: [list(values)[i] for i in keep] for key, values in provenance.items()}
-    return out
+    sources_in_row: dict[int, set[str]] = {}
+    for row, source in zip(_rows_of_entries(provenance), provenance[SOURCE]):
+        sources_in_row.setdefault(row, set()).add(str(source))
+    picked = list(range(min(first, len(batch[INPUT_IDS]))))
+    for row in picked:
+        missing -= sources_in_row.get(row, set())
+    for row in sorted(sources_in_row):
+        if missing & sources_in_row[row] and row not in picked:
+            picked.append(row)
+            missing -= sources_in_row[row]
+    return picked
+
+
+def _add_preview(preview: dict[str, Any], batch: Mapping[str, Any], rows: list[int]) -> None:
+    """Append rows ``rows`` of ``batch`` to ``preview`` (as lists), with the provenance of their documents."""
+    start = len(preview.get(INPUT_IDS, []))
+    for key in PREVIEW_KEYS:
+        if key in batch:
+            preview.setdefault(key, []).extend(batch[key][row].tolist() for row in rows)
+    provenance = {key: list(values) for key, values in batch[PROVENANCE].items()}
+    entry_rows = _rows_of_entries(provenance)
+    position = {row: start + i for i, row in enumerate(rows)}
+    keep = sorted((position[row], i) for i, row in enumerate(entry_rows) if row in position)
+    shown = preview.setdefault(PROVENANCE, {key: [] for key in provenance})
+    for key, values in provenance.items():
+        shown.setdefault(key, []).extend(position[entry_rows[i]] if key == ROW else values[i] for _, i in keep)
 
 
 def collect(datamodule: TextDataModule, batches: int, preview_rows: int = 3) -> BatchReport:
@@ -118,7 +150,8 @@ def collect(datamodule: TextDataModule, batches: int, preview_rows: int = 3) -> 
     Args:
         datamodule: the configured datamodule (nothing has to be prepared yet).
         batches: how many batches to draw (``>= 1``).
-        preview_rows: rows of the first batch kept for the preview.
+        preview_rows: rows of the first batch kept for the preview; a source they do not show
+            adds the first drawn row that holds it.
     """
     if batches < 1:
         raise ValueError(f"report: --batches must be >= 1, got {batches}.")
@@ -138,6 +171,7 @@ def collect(datamodule: TextDataModule, batches: int, preview_rows: int = 3) -> 
     tokens = dict.fromkeys(sources, 0)
     report.doc_shares = {name: [] for name in sources}
     report.token_shares = {name: [] for name in sources}
+    unseen = set(sources)  # sources no previewed row shows yet
     iterator = iter(datamodule.train_dataloader())
     try:
         for index in range(batches):
@@ -156,8 +190,10 @@ def collect(datamodule: TextDataModule, batches: int, preview_rows: int = 3) -> 
                 report.token_shares[name].append(tokens[name] / total_tokens)
             mask = batch[ATTENTION_MASK]
             report.real_fraction.append(float(mask.sum()) / mask.numel())
-            if index == 0:
-                report.preview = _preview(batch, preview_rows)
+            if index == 0 or unseen:
+                rows = _pick_rows(batch, preview_rows if index == 0 else 0, unseen)
+                _add_preview(report.preview, batch, rows)
+                report.preview_origin.extend((index, row) for row in rows)
     finally:
         del iterator  # stops the loader's workers
     report.metrics = aggregator.compute(distributed=False)

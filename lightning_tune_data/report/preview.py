@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightning_tune_data.keys import (
@@ -53,7 +53,12 @@ def _decode_span(tokenizer: Tokenizer, ids: list[int], special: Mapping[int, str
     return "".join(out)
 
 
-def render_rows(preview: Mapping[str, Any], tokenizer: Tokenizer, max_chars: int = 400) -> list[str]:
+def render_rows(
+    preview: Mapping[str, Any],
+    tokenizer: Tokenizer,
+    max_chars: int = 400,
+    origins: Sequence[tuple[int, int]] | None = None,
+) -> list[str]:
     """One text block per row of ``preview`` (see :class:`~.batches.BatchReport`).
 
     A token ``j`` of a document is *masked* when it is not the document's first token and the label
@@ -64,6 +69,8 @@ def render_rows(preview: Mapping[str, Any], tokenizer: Tokenizer, max_chars: int
             their ``provenance``.
         tokenizer: decodes the token ids.
         max_chars: longest text shown per document (the rest is elided with its token count).
+        origins: ``(batch, row)`` of each row, shown in its header (``None``: rows of one batch,
+            numbered from 0).
     """
     special = _special(tokenizer)
     provenance = preview[PROVENANCE]
@@ -103,6 +110,7 @@ def render_rows(preview: Mapping[str, Any], tokenizer: Tokenizer, max_chars: int
             lines.append(f"[doc {doc} | {source} | {end - position} tokens{note}] {text}")
             position = end
         padding = len(ids) - position
-        header = f"row {row}: {len(lines)} document(s), {position} tokens" + (f" (+{padding} pad)" if padding else "")
+        where = f"batch {origins[row][0]}, row {origins[row][1]}" if origins else f"row {row}"
+        header = f"{where}: {len(lines)} document(s), {position} tokens" + (f" (+{padding} pad)" if padding else "")
         blocks.append("\n".join([header, *lines]))
     return blocks

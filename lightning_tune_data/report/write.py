@@ -86,9 +86,11 @@ def write_batch_report(report: BatchReport, tokenizer: Tokenizer, output: str | 
         f"- documents per row: {stream.get('docs_per_pack', 1.0):.2f}" if report.packing else "- one document per row",
         "", "![efficiency](efficiency.png)", "",
         "## Truncation", "", "![truncation](truncation.png)", "",
-        "## Preview of the first batch", "", LEGEND, "",
+        "## Preview of rows", "",
+        "The first rows of the first batch, and for every source they do not show, the first row that holds it.",
+        "", LEGEND, "",
     ]
-    for block in render_rows(report.preview, tokenizer):
+    for block in render_rows(report.preview, tokenizer, origins=report.preview_origin):
         lines += ["```text", block, "```", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")

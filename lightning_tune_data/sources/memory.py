@@ -20,13 +20,14 @@ from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.base import TuneIterableDataset
 from lightning_tune_data.sources.pass_order import ShardPasses, merge_remaining, split_remaining
 from lightning_tune_data.sources.permutation import KeyedPermutation, permutation_key
-from lightning_tune_data.sources.source_state import shard_mismatch_error
+from lightning_tune_data.sources.source_state import SourceCounters, shard_mismatch_error
 from lightning_tune_data.sources.stream_arguments import settings_property, stream_settings
 
 __all__ = ["InMemoryStream"]
 
-# State key.
+# State keys (the same as an ArrowSource's).
 _WALK = "walk"
+_COUNTERS = "counters"
 #: Positions mapped to documents per permutation call.
 _BLOCK = 512
 
@@ -84,7 +85,8 @@ class InMemoryStream(TuneIterableDataset):
     Samples are document samples (see :mod:`lightning_tune_data.sources.base`): ``input_ids`` (``np.int64``),
     ``loss_mask`` (when the input had one), ``source`` (= ``dataset_name``), ``epoch`` (= pass),
     ``source_row`` (the index in ``data``), plus any other keys of an input document dict.
-    Empty documents are skipped; a shard whose pass holds only empty documents is an error.
+    Empty documents are skipped and counted (``counters["empty_skipped"]``, as an ``ArrowSource``
+    counts them); a shard whose pass holds only empty documents is an error.
 
     A finite stream (``num_passes`` set) raises ``StopIteration`` after its last pass; calling
     ``iter()`` again on a finished stream starts it over from pass 0 (like a list).
@@ -137,7 +139,8 @@ class InMemoryStream(TuneIterableDataset):
         self._docs = [_to_document(item, i, dataset_name) for i, item in enumerate(data)]
         self._shuffle = bool(shuffle)
         self._walk: ShardPasses | None = None
-        self._remaining: list[dict[str, Any]] | None = None
+        self._remaining: dict[str, Any] | None = None
+        self._counters = SourceCounters()
 
     @property
     def dataset_name(self) -> str:
@@ -147,6 +150,11 @@ class InMemoryStream(TuneIterableDataset):
     def __len__(self) -> int:
         """Number of documents held (all shards together)."""
         return len(self._docs)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """What this shard skipped so far, by reason (``empty_skipped``; see :class:`SourceCounters`)."""
+        return self._counters.state_dict()
 
     @property
     def epochs_completed(self) -> int:
@@ -170,7 +178,8 @@ class InMemoryStream(TuneIterableDataset):
         shard = current_shard(self.settings.rank, self.settings.world_size)
         if self._remaining is not None:
             remaining, self._remaining = self._remaining, None
-            self._walk = split_remaining(remaining, len(self._docs), shard.num_shards, shard.shard_id)
+            self._walk = split_remaining(remaining[_WALK], len(self._docs), shard.num_shards, shard.shard_id)
+            self._counters.load_state_dict(remaining[_COUNTERS] if shard.shard_id == 0 else {})
         elif self._walk is None:
             self._walk = ShardPasses(len(self._docs), shard.num_shards, shard.shard_id)
         elif (self._walk.num_shards, self._walk.shard_id) != (shard.num_shards, shard.shard_id):
@@ -204,6 +213,7 @@ class InMemoryStream(TuneIterableDataset):
         walk = self._shard_walk()
         if self._finished(walk):  # a new round over a finished finite stream
             walk = self._walk = ShardPasses(len(self._docs), shard.num_shards, shard.shard_id)
+            self._counters.load_state_dict({})
         while True:
             if walk.plan.done:  # roll over lazily: the end is found on the next call
                 walk.next_pass()
@@ -216,7 +226,8 @@ class InMemoryStream(TuneIterableDataset):
                 for index in self._key_permutation(epoch)(plan.upcoming(_BLOCK)).tolist():
                     plan.advance()
                     if len(self._docs[index][INPUT_IDS]) == 0:
-                        continue  # empty documents are skipped: they would make zero-width rows
+                        self._counters.empty_skipped += 1  # skipped: it would make a zero-width row
+                        continue
                     yielded += 1
                     yield self._sample(index, epoch)
             if judged and yielded == 0:
@@ -226,8 +237,9 @@ class InMemoryStream(TuneIterableDataset):
                 )
 
     def state_dict(self) -> dict[str, Any]:
-        """``{name: {"walk": ...}}``: this shard's position in its passes."""
-        return {self._dataset_name: {_WALK: self._shard_walk().state_dict()}}
+        """``{name: {"walk": ..., "counters": ...}}``: this shard's position in its passes and what it skipped."""
+        walk = self._shard_walk().state_dict()
+        return {self._dataset_name: {_WALK: walk, _COUNTERS: self._counters.state_dict()}}
 
     def _check_count(self, walk_state: dict[str, Any]) -> None:
         n = int(walk_state["num_rows"])
@@ -247,15 +259,20 @@ class InMemoryStream(TuneIterableDataset):
         if (walk.num_shards, walk.shard_id) != (shard.num_shards, shard.shard_id):
             raise shard_mismatch_error(self._dataset_name, walk.shard_id, walk.num_shards, shard)
         self._walk, self._remaining = walk, None
+        self._counters.load_state_dict(own.get(_COUNTERS, {}))
 
     def merge_shard_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
-        """What every shard of an old layout left unread, from all their states."""
-        owns = [self._own_state(s)[_WALK] for s in states]
+        """What every shard of an old layout left unread, and their summed counters, from all their states."""
+        owns = [self._own_state(s) for s in states]
         for own in owns:
-            self._check_count(own)
-        return {self._dataset_name: merge_remaining(owns, self._dataset_name)}
+            self._check_count(own[_WALK])
+        return {self._dataset_name: {
+            _WALK: merge_remaining([own[_WALK] for own in owns], self._dataset_name),
+            _COUNTERS: SourceCounters.total([own.get(_COUNTERS, {}) for own in owns]).state_dict(),
+        }}
 
     def load_global_state(self, global_state: dict[str, Any]) -> None:
-        """Continue from a :meth:`merge_shard_states` result; this shard takes its share on first use."""
+        """Continue from a :meth:`merge_shard_states` result; this shard takes its share on first use
+        (shard 0 carries the summed counters on)."""
         self._remaining = self._own_state(global_state)
         self._walk = None

@@ -437,11 +437,13 @@ def test_known_third_party_warnings_and_tips_are_filtered(caplog):
 
 def test_predict_layered_on_a_fit_config_writes_decoded_predictions(fitted, cli_root, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # configs/predict.yaml writes runs/quickstart/predictions.jsonl
-    run_cli(["predict", "--config", str(cli_root / "configs" / "small.yaml"), "--config", str(REPO / "configs" / "predict.yaml"),
-             "--trainer.default_root_dir", str(tmp_path / "predict"), "--ckpt_path", str(fitted["checkpoints"][-1])])
+    cli = run_cli(["predict", "--config", str(cli_root / "configs" / "small.yaml"), "--config", str(REPO / "configs" / "predict.yaml"),
+                   "--trainer.default_root_dir", str(tmp_path / "predict"), "--ckpt_path", str(fitted["checkpoints"][-1])])
     lines = [yaml.safe_load(line) for line in (tmp_path / "runs" / "quickstart" / "predictions.jsonl").read_text().splitlines()]
     assert [line["dataloader"] for line in lines] == ["unconditional"] * 8
     assert all(line["token_ids"][0] == ByteTokenizer().bos_id and isinstance(line["text"], str) for line in lines)
+    assert (cli.model.temperature, cli.model.top_k) == (0.8, 40), "the predict config's sampling, not the checkpoint's"
+    assert len({line["text"] for line in lines}) > 1, "8 BOS-only prompts must not give 8 identical samples"
 
 
 def test_a_later_config_replaces_the_dataset_managers_mapping(capsys):
@@ -449,3 +451,4 @@ def test_a_later_config_replaces_the_dataset_managers_mapping(capsys):
                                    "--config", str(REPO / "configs" / "predict.yaml")])
     assert list(config["data"]["dataset_managers"]) == ["predict"]
     assert config["model"]["init_args"]["d_model"] == 64  # everything else is merged key by key
+    assert (config["model"]["init_args"]["temperature"], config["model"]["init_args"]["top_k"]) == (0.8, 40)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 from conftest import make_texts, write_jsonl
 
 from lightning_tune_data import ByteTokenizer, LocalDatasetManager, TextDataModule
-from lightning_tune_data.commands.cache import scan
+from lightning_tune_data.commands.cache import main, scan
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,3 +91,25 @@ def test_scan_reports_leftovers_of_interrupted_builds_and_another_version_as_sta
     lock_row = entries["gone-2.lock"].row()
     assert (lock_row[1], lock_row[2], lock_row[-1]) == ("0 B", "?", "stale: lock file without a cache")
     assert scan(tmp_path / "missing") == []
+
+
+def test_list_tells_apart_same_named_train_and_val_caches_and_offers_no_clean_when_nothing_is_stale(tmp_path, capsys):
+    cache_dir = tmp_path / "cache"
+    train = write_jsonl(tmp_path / "arithmetic_train.jsonl", make_texts(30, seed=1))
+    val = write_jsonl(tmp_path / "arithmetic_val.jsonl", make_texts(10, seed=2))
+    TextDataModule(dataset_managers={"train": {"arithmetic": LocalDatasetManager(data_files=str(train))},
+                                     "val": {"arithmetic": LocalDatasetManager(data_files=str(val))}},
+                   cache_dir=str(cache_dir)).prepare_data()
+    for entry in scan(cache_dir):
+        if entry.path.name == "hf_datasets":
+            shutil.rmtree(entry.path)  # the datasets library's intermediate files: always stale
+
+    assert main(["list", "--cache_dir", str(cache_dir)]) == 0
+    output = capsys.readouterr().out
+    rows = [line for line in output.splitlines() if line.startswith("arithmetic-")]
+    assert len(rows) == 2
+    assert sorted("arithmetic_train.jsonl" in row for row in rows) == [False, True]
+    assert sorted("arithmetic_val.jsonl" in row for row in rows) == [False, True]
+    assert output.splitlines()[0].split() == ["CACHE", "SIZE", "SOURCE", "DATA", "BUILT", "STATUS"]
+    assert output.rstrip().endswith("nothing stale.")
+    assert "0 stale" not in output and "cache clean" not in output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,13 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning_tune_data import DatasetMetricsCallback, LocalDatasetManager, TextDataModule
 from lightning_tune_data.cli import main as cli_main
 from lightning_tune_data.commands.report import main
+from lightning_tune_data.loading.known_warnings import KNOWN_THIRD_PARTY_WARNINGS
 from lightning_tune_data.models import TinyCausalLM
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART_SOURCES = ("prose", "arithmetic", "reverse")
-
+#: Messages of the warnings the quickstart report printed (filled by the fixture).
+REPORT_WARNINGS: list[str] = []
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +30,11 @@ def quickstart_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     previous = Path.cwd()
     os.chdir(REPO)  # the quickstart's data files are relative to the repository root
     try:
-        code = main(["--config", "configs/quickstart.yaml", "--batches", "6", "--output", str(out / "report"),
-                     "--cache-dir", str(out / "cache")])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            code = main(["--config", "configs/quickstart.yaml", "--batches", "6", "--output", str(out / "report"),
+                         "--cache-dir", str(out / "cache")])
+        REPORT_WARNINGS[:] = [str(w.message) for w in caught]
     finally:
         os.chdir(previous)
     assert code == 0
@@ -59,9 +65,16 @@ def test_report_mix_table_gives_target_and_realised_shares(quickstart_report: Pa
 
 def test_report_previews_rows_with_document_boundaries(quickstart_report: Path) -> None:
     markdown = (quickstart_report / "report.md").read_text()
-    preview = markdown.split("## Preview of the first batch")[1]
-    assert len(re.findall(r"^row \d: \d+ document\(s\)", preview, flags=re.M)) == 3
+    preview = markdown.split("## Preview of rows")[1]
+    assert len(re.findall(r"^batch 0, row [012]: \d+ document\(s\)", preview, flags=re.M)) == 3
     assert re.search(r"^\[doc 0 \| (prose|arithmetic|reverse) \| \d+ tokens\] <bos>", preview, flags=re.M)
+    shown = set(re.findall(r"^\[doc \d+ \| (\w+) \|", preview, flags=re.M))
+    assert shown == set(QUICKSTART_SOURCES), "every source is shown in at least one previewed row"
+
+
+def test_report_prints_no_known_third_party_deprecation_warning(quickstart_report: Path) -> None:
+    assert REPORT_WARNINGS, "the quickstart's expected overlong-documents warning is recorded"
+    assert not [m for m in REPORT_WARNINGS if any(re.match(p, m) for p in KNOWN_THIRD_PARTY_WARNINGS)]
 
 
 def test_report_from_a_finished_runs_metrics(tmp_path: Path) -> None:

@@ -173,8 +173,8 @@ def greedy(model: TinyCausalLM, prompt: list[int], steps: int) -> list[int]:
     return tokens
 
 
-def test_predict_step_returns_each_prompt_followed_by_its_greedy_continuation():
-    model = make_model(generate_tokens=5)
+def test_predict_step_at_temperature_0_returns_each_prompt_followed_by_its_greedy_continuation():
+    model = make_model(generate_tokens=5, temperature=0)
     prompts = [encode("hello")[:-1], encode("a much longer prompt than the first")[:-1]]
     batch = padded_batch(prompts)  # the short prompt is padded: padding must not leak into it
 
@@ -188,9 +188,39 @@ def test_predict_step_returns_each_prompt_followed_by_its_greedy_continuation():
         assert row == greedy(model, prompt.tolist(), 5)
 
 
-def test_predict_step_from_bos_only_prompts_generates_generate_tokens_ids():
-    model = make_model(generate_tokens=4)
+def test_greedy_predict_step_from_bos_only_prompts_generates_generate_tokens_ids():
+    model = make_model(generate_tokens=4, temperature=0)
     batch = padded_batch([np.array([TOKENIZER.bos_id])] * 3)
     with torch.no_grad():
         generated = model.predict_step(batch, batch_idx=0)
     assert generated == [greedy(model, [TOKENIZER.bos_id], 4)] * 3
+
+
+def test_sampled_predictions_from_identical_prompts_differ_and_are_reproducible_per_batch():
+    model = make_model(generate_tokens=12)  # the defaults sample: temperature 0.8, top_k 40
+    batch = padded_batch([np.array([TOKENIZER.bos_id])] * 4)
+    with torch.no_grad():
+        first = model.predict_step(batch, batch_idx=0)
+        again = model.predict_step(batch, batch_idx=0)
+        next_batch = model.predict_step(batch, batch_idx=1)
+    assert len({tuple(row) for row in first}) == 4, "identical prompts must not give identical samples"
+    assert all(len(row) == 13 and row[0] == TOKENIZER.bos_id for row in first)
+    assert again == first
+    assert next_batch != first
+
+
+def test_top_k_samples_only_among_the_k_most_likely_tokens():
+    model = make_model(temperature=5.0, top_k=2)  # a high temperature would otherwise reach any token
+    logits = torch.arange(TOKENIZER.vocab_size, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    drawn = {model.next_token(logits, generator) for _ in range(200)}
+    assert drawn == {TOKENIZER.vocab_size - 1, TOKENIZER.vocab_size - 2}
+    assert make_model(temperature=0).next_token(logits) == TOKENIZER.vocab_size - 1
+
+
+def test_sampling_options_are_checked_and_not_saved_with_the_model():
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        make_model(temperature=-1.0)
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        make_model(top_k=0)
+    assert {"temperature", "top_k"}.isdisjoint(make_model(temperature=0.5, top_k=3).hparams)

@@ -50,6 +50,16 @@ def test_the_preview_keeps_the_first_rows_and_their_documents_provenance(tmp_pat
     assert report.metrics["all"]["metrics"]["docs_per_pack"] >= 1.0
 
 
+def test_the_preview_adds_the_first_row_of_each_source_the_first_rows_do_not_show(tmp_path: Path) -> None:
+    report = collect(two_sources(tmp_path, packing=None), batches=8, preview_rows=1)
+    preview, origins = report.preview, report.preview_origin
+    assert origins[0] == (0, 0) and len(origins) == 2, "one document per padded row: one more row for the other source"
+    assert sorted(preview["provenance"]["source"]) == ["a", "b"]
+    assert preview["provenance"]["row"] == [0, 1] and len(preview["input_ids"]) == 2
+    first_source = preview["provenance"]["source"][0]
+    assert origins[1] > (0, 0), f"the second row is the first drawn row that is not {first_source!r}"
+
+
 def test_collect_needs_at_least_one_batch(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--batches must be >= 1, got 0"):
         collect(two_sources(tmp_path, packing=None), batches=0)

@@ -216,10 +216,14 @@ def test_bad_num_passes_and_rank_are_rejected():
         InMemoryStream(_docs(3), "d", rank=2, world_size=2)
 
 
-def test_empty_documents_are_skipped_and_an_all_empty_shard_is_an_error():
+def test_empty_documents_are_skipped_and_counted_and_an_all_empty_shard_is_an_error():
     stream = InMemoryStream([[1], [], [2, 2]], "gaps", shuffle=False)
     iterator = iter(stream)
     assert [next(iterator)["input_ids"].tolist() for _ in range(4)] == [[1], [2, 2], [1], [2, 2]]
+    assert stream.counters["empty_skipped"] == 2  # one per pass, as an ArrowSource counts them
+    resumed = InMemoryStream([[1], [], [2, 2]], "gaps", shuffle=False)
+    resumed.load_state_dict(stream.state_dict())
+    assert resumed.counters["empty_skipped"] == 2
     with pytest.raises(RuntimeError, match="Stream 'blank'.*shard 0 of 1.*all empty"):
         next(iter(InMemoryStream([[], []], "blank")))
 
@@ -235,3 +239,18 @@ def test_settings_give_the_same_samples_and_state_as_the_keywords():
     assert (by_settings.rank, by_settings.world_size) == (1, 2)
     with pytest.raises(ValueError, match="Source 'd': seed given both"):
         InMemoryStream(_docs(3), "d", seed=1, settings=StreamSettings(seed=1))
+
+
+def test_a_resume_on_another_layout_carries_the_summed_empty_count_on():
+    docs = [[1], [], [2], [], [3], [4], [], [5]]
+    shards = [InMemoryStream(docs, "gaps", shuffle=False, rank=rank, world_size=2) for rank in range(2)]
+    for shard in shards:
+        iterator = iter(shard)
+        for _ in range(3):
+            next(iterator)
+    states = [shard.state_dict() for shard in shards]
+    # shard 0 read [1], [2], [3]; shard 1 skipped two empties per pass on its way to [4], [5], [4]
+    assert [s["gaps"]["counters"]["empty_skipped"] for s in states] == [0, 4]
+    single = InMemoryStream(docs, "gaps", shuffle=False)
+    single.load_global_state(single.merge_shard_states(states))
+    assert single.state_dict()["gaps"]["counters"]["empty_skipped"] == 4

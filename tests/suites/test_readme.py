@@ -49,6 +49,46 @@ def test_the_quickstart_and_test_lines_are_present_verbatim() -> None:
     assert setup + '".[dev]" && python -m pytest -q' in bash
 
 
+def ci_test_line() -> str:
+    """The install-and-test command ``.ci/run`` runs (its last line)."""
+    return (REPO / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+
+
+def test_the_quick_test_line_comes_first_and_the_full_line_is_the_one_ci_runs_both_with_their_duration() -> None:
+    full = ci_test_line()
+    assert full.endswith("python -m pytest -q"), full
+    quick = full + ' -m "not slow"'
+    lines = [line for block in blocks("bash") for line in block.splitlines()]
+    assert quick in lines and full in lines, "both test lines stand alone, verbatim"
+    assert README.index(quick + "\n") < README.index(full + "\n"), "the quick line is shown first"
+    for line in (quick, full):
+        before = README[: README.index(line + "\n")].rsplit("```", 2)[-2]  # the text just above the command
+        assert re.search(r"\d+ minutes on an?\s[\w\s]*2-core\smachine", before), f"no duration stated above {line!r}: {before!r}"
+
+
+def test_the_quickstart_overlong_warning_is_quoted_as_measured_and_said_to_be_expected() -> None:
+    from lightning_tune_data import ByteTokenizer
+
+    config = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text(encoding="utf-8"))
+    max_seq_len = config["data"]["max_seq_len"]
+    prose = config["data"]["dataset_managers"]["train"]["prose"]["init_args"]["data_files"]
+    tokenizer = ByteTokenizer()
+    lengths = [len(tokenizer.encode(json.loads(line)["text"])) + 2  # with BOS and EOS
+               for line in (REPO / prose).read_text(encoding="utf-8").splitlines()]
+    longer = sum(length > max_seq_len for length in lengths)
+    quoted = (f"Train source 'prose': {longer:,} of {len(lengths):,} documents ({longer / len(lengths):.1%}) "
+              f"are longer than max_seq_len={max_seq_len}")
+    assert quoted in README
+    paragraph = next(part for part in README.split("\n\n") if quoted in part and "expected" in part)
+    assert "runs/quickstart/report" in paragraph or "truncat" in paragraph, "say why it is expected"
+    assert "expected" in (REPO / "configs" / "quickstart.yaml").read_text(encoding="utf-8")
+
+
+def test_commands_the_readme_gives_write_only_under_runs() -> None:
+    outputs = re.findall(r"--output[ =](\S+?)[`\s]", README)
+    assert outputs and all(path.startswith("runs/") for path in outputs), outputs  # runs/ is ignored by git
+
+
 def test_bring_your_own_data_snippet_trains_and_validates_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     [snippet] = [block for block in blocks("python") if "TextDataModule(" in block]
     for long, short in SHORTER_RUN.items():

@@ -72,8 +72,13 @@ def checkpoint_at(ckpt_dir: Path, step: int) -> str:
     return str(matches[0])
 
 
-@pytest.mark.parametrize("num_workers", [0, 1, 2])
-@pytest.mark.parametrize("packing", [None, "greedy", "best_fit", "concat"])
+#: Every packing strategy with two workers (each worker holds its own packer and source positions), and
+#: every worker count (none, one, several) without packing and with best_fit (the most packer state).
+RESUME_CASES = [(None, 0), (None, 1), (None, 2), ("greedy", 2), ("best_fit", 0), ("best_fit", 1), ("best_fit", 2),
+                ("concat", 2)]
+
+
+@pytest.mark.parametrize(("packing", "num_workers"), RESUME_CASES)
 def test_resume_after_step_k_matches_uninterrupted_run(corpus_dir: Path, tmp_path: Path, num_workers: int, packing):
     full, ckpt_dir = fit(corpus_dir, tmp_path / "full", FINAL_STEP, num_workers=num_workers, packing=packing)
     assert full.steps == list(range(FINAL_STEP))

@@ -508,11 +508,12 @@ def open_resume(ctx, new_path: Path, old_path: Path, Result, log, median) -> lis
                  f"{med(key, 'open_cpu'):.2f} + {med(key, 'resume_cpu'):.2f}); {repeats}"))
     for name, version, mode in (("new", "new", "None"), ("full", "new", "full"), ("old", "old", "None")):
         small_key, large_key = f"{version}/{small}/{mode}", f"{version}/{large}/{mode}"
-        flat = med(large_key, "open") <= 1.5 * med(small_key, "open") + 0.5
+        # judged on CPU time: on a shared machine the wall time of a few ms mostly measures waiting
+        flat = med(large_key, "open_cpu") <= 1.5 * med(small_key, "open_cpu") + 0.5
         results.append(Result(
             "12 store", f"open (prepare_data + setup), {labels[name]}", f"{mb(large_key):.0f} MB store",
             med(large_key, "open"), "ms", f"{mb(small_key):.0f} MB store", med(small_key, "open"),
-            "flat (<= 1.5x + 0.5 ms)" if name == "new" else "", flat if name == "new" else None,
+            "flat: CPU <= 1.5x + 0.5 ms" if name == "new" else "", flat if name == "new" else None,
             repeats=[r["open"] * 1e3 for r in runs[large_key]],
             note=f"CPU {med(large_key, 'open_cpu'):.2f} ms vs {med(small_key, 'open_cpu'):.2f} ms; "
                  f"{runs[large_key][0]['arrow_files']} vs {runs[small_key][0]['arrow_files']} shard(s); {repeats}"))

@@ -80,8 +80,8 @@ def _pool_context() -> multiprocessing.context.BaseContext:
 
     A spawned worker imports the package again (torch, lightning, datasets: ~5 s of CPU each, before
     it tokenizes anything), which on 2 cores cancelled most of the gain of a second worker. A forked
-    one inherits the parent's imports; the parent has done nothing else yet (no tokenizer used, no
-    threads of its own), as for the DataLoader's forked workers.
+    one inherits the parent's imports. The parent has only imported modules by then (no tokenizer
+    used, no store opened, no loader started), as before the DataLoader forks its workers.
     """
     if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("fork")

@@ -161,7 +161,10 @@ def header(ctx: Context, argv: list[str], info: dict[str, str], elapsed: float, 
         f"{ctx.token_docs:,} tokenized documents (log-normal lengths, mean ~300 tokens); throughput "
         f"{ctx.throughput_budget_s:g} s per measurement, median of {ctx.repeats}; resume median of "
         f"{ctx.resume_repeats}; memory run {ctx.memory_samples:,} samples; prepare_data {ctx.prepare_docs:,} "
-        f"docs, median of {ctx.prepare_repeats}; packing {ctx.packing_docs:,} docs; fit {ctx.fit_steps} steps.",
+        f"docs, median of {ctx.prepare_repeats}; packing {ctx.packing_docs:,} docs; fit {ctx.fit_steps} steps; "
+        f"store {ctx.store_docs:,} text docs, median of {ctx.store_repeats}, reopened stores of "
+        f"{ctx.store_open_docs[0]:,}/{ctx.store_open_docs[1]:,} token docs, {ctx.store_rounds} rounds x median of "
+        f"{ctx.store_open_repeats} restarts.",
         "",
         "`ratio` = value / baseline value (both measured in this run). Rates are higher-is-better, "
         "latencies and memory lower-is-better. See benchmarks/README.md for definitions.",

@@ -8,9 +8,10 @@ empty cache folder; each row's baseline is measured in the same repeat, alternat
 
 1. ``lightning-tune-data prepare --engine local --workers 1`` against ``--workers 2 --num-tasks
    2``: documents/s of the whole command (a fresh Python process: interpreter start, imports,
-   config parsing, the tasks, the commit). Goal >= 1.7x.
+   config parsing, the tasks, the commit), and of the tasks alone (first task's start to the
+   last task's end, from the ``TASKTIME`` lines ``bench_store.py cli`` adds). Goal >= 1.7x.
 2. ``torchrun --standalone --nproc_per_node 2 -m lightning_tune_data prepare`` (2 tasks, one per
-   rank) against the local engine's 2 tasks. Goal <= 15 % overhead.
+   rank) against the local engine's 2 tasks, both ways. Goal <= 15 % overhead.
 3. The store writer: ``TextDataModule.prepare_data()`` (one task) against the previous release's
    ``prepare_data()`` (commit f4b312e: ``datasets.save_to_disk`` + checksums) on the same data,
    each in its own Python process, timed around the call. Goal <= 10 % overhead.
@@ -24,13 +25,16 @@ empty cache folder; each row's baseline is measured in the same repeat, alternat
    (``common.write_token_parquet``, log-normal lengths, no tokenizer; ~100 MB of tokens full,
    ~10 MB quick), and 4x that for the open-only rows. New default (``cache_verify="checksum"``:
    size checks + stamps) against ``cache_verify="full"`` (every byte hashed) and the previous
-   release (its default: every byte hashed, ``load_from_disk``). Each variant runs in its own
-   process (the previous release cannot share one), several rounds alternated, each round a
-   median of timed calls after one untimed call. Goal: open + resume < 5 ms at any size.
+   release (its default: every byte hashed, ``load_from_disk``), and the ~100 MB store written
+   with 1 MB shards (what opening costs per shard). One worker process per code version and
+   round (the previous release cannot share one; the new default and "full" alternate restart
+   by restart inside it), each a median of timed restarts after one untimed one; wall and CPU
+   time. Goal: open + resume < 5 ms at any size.
 
 The previous release is taken from git (``git archive f4b312e``) into
 ``<data-dir>/oldrel-f4b312e`` once, and imported with ``PYTHONPATH`` by its worker processes.
-This file is also the worker (``python bench_store.py worker '<json>'``).
+This file is also the worker (``python bench_store.py worker '<json>'``) and the command wrapper
+(``python bench_store.py cli ARGS``: ``python -m lightning_tune_data ARGS`` plus ``TASKTIME`` lines).
 """
 
 from __future__ import annotations
@@ -348,6 +352,12 @@ class MotoS3:
 
 
 # ============================================================================ the benchmark
+def _committed(output: str, what: str) -> None:
+    """Fail unless the run committed its store (a benchmark of a build that did nothing is no use)."""
+    if "store committed" not in output:
+        raise RuntimeError(f"store: {what} did not commit a store:\n{output[-2000:]}")
+
+
 def _task_window(stdout: str) -> tuple[float, float]:
     """Seconds from the first task's start to the last task's end, and the tasks' CPU seconds
     (``TASKTIME`` lines)."""
@@ -395,20 +405,24 @@ def run(ctx) -> list:
             for key, extra in (("local1", ["--engine", "local", "--workers", "1"]),
                                ("local2", ["--engine", "local", "--workers", "2", "--num-tasks", "2"])):
                 wall, cpu, out = _run([*prepare, *extra, "--cache-dir", fresh(key)], new_path, key)
+                _committed(out, key)
                 record(key, wall, cpu)
                 record(key + "_tasks", *_task_window(out))
             wall, cpu, out = _run([*torchrun, "--cache-dir", fresh("tr")], new_path, "torchrun")
+            _committed(out, "torchrun")
             record("torchrun", wall, cpu)
             record("torchrun_tasks", *_task_window(out))
             for key, path in (("writer_new", new_path), ("writer_old", old_path)):
                 result, wall, cpu = _worker({"what": "prepare_data", **spec_base, "cache_dir": fresh(key)}, path)
                 record(key, result["seconds"], result["cpu"])
             result, wall, cpu = _worker({"what": "prepare_task", **spec_base, "cache_dir": fresh("local")}, new_path)
+            _committed(json.dumps(result["status"]), "prepare_task (local)")
             record("task_local", result["seconds"], result["cpu"])
             result, wall, cpu = _worker({"what": "prepare_task", **spec_base,
                                          "cache_dir": f"s3://{MotoS3.BUCKET}/rep{rep}",
                                          "storage_options": s3.options, "local_cache_dir": fresh("s3local")},
                                         new_path)
+            _committed(json.dumps(result["status"]), "prepare_task (s3)")
             record("task_s3", result["seconds"], result["cpu"])
             log(f"store: repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in walls.items()))
             for child in scratch.iterdir():

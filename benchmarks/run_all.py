@@ -57,7 +57,8 @@ BENCHMARKS = ["throughput", "resume", "memory", "prepare", "packing", "step"]
 
 # --- hot-path, tokenizer and worker-memory benchmarks (bench_hotpath.py, bench_tokenize.py, bench_worker_memory.py): their module per name,
 # their inputs (token data / text data) prepared like the others'.
-EXTRA_BENCHMARKS = {"hotpath": "bench_hotpath", "tokenize": "bench_tokenize", "worker_memory": "bench_worker_memory"}
+EXTRA_BENCHMARKS = {"hotpath": "bench_hotpath", "tokenize": "bench_tokenize", "worker_memory": "bench_worker_memory",
+                    "store": "bench_store"}
 BENCHMARKS += list(EXTRA_BENCHMARKS)
 TOKEN_DATA_BENCHMARKS = {"throughput", "resume", "memory", "step", "hotpath", "worker_memory"}
 TEXT_DATA_BENCHMARKS = {"prepare", "tokenize"}
@@ -78,6 +79,13 @@ class Context:
     packing_docs: int
     fit_steps: int
     worker_counts: tuple[int, ...] = (0, 2)
+    # store (bench_store.py): text documents, subprocess repeats; token stores (docs) for reopening
+    store_docs: int = 200_000
+    store_repeats: int = 3
+    store_open_docs: tuple[int, int] = (85_000, 340_000)
+    store_open_repeats: int = 7
+    store_rounds: int = 3
+    store_small_shards: str = "1MB"
     token_parquet: Path | None = None
     token_meta: dict | None = None
     text_jsonl: Path | None = None
@@ -92,12 +100,13 @@ def make_context(args: argparse.Namespace) -> Context:
     if args.quick:
         ctx = Context(quick=True, data_dir=args.data_dir, token_docs=20_000, throughput_budget_s=0.5, repeats=3,
                       resume_repeats=3, memory_samples=50_000, prepare_docs=20_000, prepare_repeats=1,
-                      packing_docs=3_000, fit_steps=20)
+                      packing_docs=3_000, fit_steps=20, store_docs=20_000, store_repeats=1,
+                      store_open_docs=(8_500, 34_000), store_open_repeats=5, store_rounds=2)
     else:
         ctx = Context(quick=False, data_dir=args.data_dir, token_docs=200_000, throughput_budget_s=2.0, repeats=3,
                       resume_repeats=5, memory_samples=1_000_000, prepare_docs=200_000, prepare_repeats=3,
                       packing_docs=20_000, fit_steps=60)
-    for field in ("token_docs", "repeats", "memory_samples", "prepare_docs", "fit_steps"):
+    for field in ("token_docs", "repeats", "memory_samples", "prepare_docs", "fit_steps", "store_docs", "store_repeats"):
         value = getattr(args, field)
         if value is not None:
             setattr(ctx, field, value)
@@ -152,7 +161,10 @@ def header(ctx: Context, argv: list[str], info: dict[str, str], elapsed: float, 
         f"{ctx.token_docs:,} tokenized documents (log-normal lengths, mean ~300 tokens); throughput "
         f"{ctx.throughput_budget_s:g} s per measurement, median of {ctx.repeats}; resume median of "
         f"{ctx.resume_repeats}; memory run {ctx.memory_samples:,} samples; prepare_data {ctx.prepare_docs:,} "
-        f"docs, median of {ctx.prepare_repeats}; packing {ctx.packing_docs:,} docs; fit {ctx.fit_steps} steps.",
+        f"docs, median of {ctx.prepare_repeats}; packing {ctx.packing_docs:,} docs; fit {ctx.fit_steps} steps; "
+        f"store {ctx.store_docs:,} text docs, median of {ctx.store_repeats}, reopened stores of "
+        f"{ctx.store_open_docs[0]:,}/{ctx.store_open_docs[1]:,} token docs, {ctx.store_rounds} rounds x median of "
+        f"{ctx.store_open_repeats} restarts.",
         "",
         "`ratio` = value / baseline value (both measured in this run). Rates are higher-is-better, "
         "latencies and memory lower-is-better. See benchmarks/README.md for definitions.",
@@ -178,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-samples", type=int, default=None)
     parser.add_argument("--prepare-docs", type=int, default=None)
     parser.add_argument("--fit-steps", type=int, default=None)
+    parser.add_argument("--store-docs", type=int, default=None, help="text documents of the store benchmark")
+    parser.add_argument("--store-repeats", type=int, default=None, help="repeats of the store benchmark's builds")
     args = parser.parse_args(argv)
     selected = [b.strip() for b in args.only.split(",") if b.strip()]
     unknown = sorted(set(selected) - set(BENCHMARKS))

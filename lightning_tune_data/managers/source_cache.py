@@ -171,10 +171,8 @@ class SourceCache:
             return final_dir
         files = self.files()
         content = self.committed(files)
-        if content is None and self.root.is_remote:
-            content = self.finish_tasks(files, inputs or {})
-        elif content is None and (final_dir / "tasks").is_dir():
-            self.finish_tasks(files, inputs or {})  # names the unfinished tasks
+        if content is None and (self.root.is_remote or (final_dir / "tasks").is_dir()):
+            content = self.finish_tasks(files, inputs or {})  # commits finished tasks, names unfinished ones
         if content is None:
             others = other_caches(self.root.local_dir, self.key)
             hint = (

@@ -103,3 +103,14 @@ def test_a_new_configuration_beside_a_partly_written_store_says_what_changed(tmp
                                          r"so this run writes a new store at .* remove the old one "
                                          r"\(lightning-tune-data cache clean --cache-dir"):
         run_store_task(edited, TOK, tmp_path / "c", 0, 2)
+
+
+def test_setup_commits_and_opens_a_local_store_whose_tasks_all_finished(tmp_path: Path) -> None:
+    source = manager(tmp_path)
+    for index in range(2):
+        run_store_task(source, TOK, tmp_path / "c", index, 2)
+    commit = Path(source.cache_dir_for(TOK, tmp_path / "c")) / COMPLETE_MARKER
+    first = commit.read_bytes()
+    commit.unlink()  # as if both tasks died right before committing
+    assert len(source.setup(TOK, tmp_path / "c")) == sum(7 + i for i in range(5))
+    assert commit.read_bytes() == first

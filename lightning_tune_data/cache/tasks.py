@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 import xxhash
 
 from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM
 from lightning_tune_data.cache.fingerprints import json_default
 from lightning_tune_data.cache.marker import COMPLETE_MARKER, marker_content
-from lightning_tune_data.cache.shards import ShardRecord
+from lightning_tune_data.cache.shards import ShardRecord, write_shards
 from lightning_tune_data.cache.store_files import StoreFiles
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "task_manifest_path",
     "task_name",
     "task_progress",
+    "write_task",
 ]
 
 #: Version of the store layout (shards + task manifests + commit), recorded in every commit.
@@ -122,6 +125,34 @@ class TaskManifest:
         data = self.encoded()
         return json.dumps({"task_manifest": {"size": len(data), CHECKSUM_ALGORITHM: _digest(data)}},
                           sort_keys=True).encode("utf-8")
+
+
+def write_task(folder: Path, table: pa.Table, fingerprint: str, task_index: int, num_tasks: int,
+               part: Mapping[str, Any], rows_read: int, skipped_rows: int, shard_bytes: int,
+               store_inputs: Mapping[str, Any] | None = None) -> TaskManifest:
+    """Write one task's output into a local folder: its shards, then its manifest, then its done-marker.
+
+    Args:
+        folder: The store folder, or the task's local staging copy of it.
+        table: The task's token columns, in row order.
+        fingerprint: The store's fingerprint.
+        task_index, num_tasks: The task.
+        part: Which part of the source's inputs the task read.
+        rows_read: Rows the task read before preprocessing.
+        skipped_rows: Rows dropped because their preprocessing failed.
+        shard_bytes: A shard is closed once it holds about this many bytes.
+        store_inputs: What the whole store is built from.
+
+    Returns:
+        The task's manifest.
+    """
+    shards = write_shards(table, folder, task_name(task_index, num_tasks), shard_bytes)
+    manifest = TaskManifest(fingerprint, task_index, num_tasks, dict(part), list(table.column_names), rows_read,
+                            skipped_rows, shards, dict(store_inputs or {}))
+    (folder / TASK_FOLDER).mkdir(exist_ok=True)
+    (folder / task_manifest_path(task_index, num_tasks)).write_bytes(manifest.encoded())
+    (folder / done_marker_path(task_index, num_tasks)).write_bytes(manifest.done_marker())
+    return manifest
 
 
 def finished_task(files: StoreFiles, task_index: int, num_tasks: int, fingerprint: str,

@@ -19,8 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lightning_tune_data.cache.root import DEFAULT_SHARD_BYTES
-from lightning_tune_data.cache.shards import write_shards
-from lightning_tune_data.cache.tasks import TASK_FOLDER, TaskManifest, done_marker_path, task_manifest_path, task_name
+from lightning_tune_data.cache.tasks import TaskManifest, write_task
 from lightning_tune_data.keys import INPUT_IDS
 from lightning_tune_data.managers.input_files import InputFiles
 from lightning_tune_data.managers.preprocessing import Preprocessing
@@ -142,15 +141,10 @@ class CacheBuild:
                 f"preprocess_function {self.preprocessing.options.preprocess_label()} filters out."
             )
         table = arrow_table(processed)
-        name = task_name(self.task_index, self.num_tasks)
-        shards = write_shards(table, temp_dir, name, self.shard_bytes)
-        manifest = TaskManifest(self.fingerprint, self.task_index, self.num_tasks, part,
-                                list(table.column_names), len(dataset), skipped_rows, shards, self.store_inputs)
+        manifest = write_task(temp_dir, table, self.fingerprint, self.task_index, self.num_tasks, part, len(dataset),
+                              skipped_rows, self.shard_bytes, self.store_inputs)
         del processed, dataset, table
         shutil.rmtree(work_dir, ignore_errors=True)
-        (temp_dir / TASK_FOLDER).mkdir(exist_ok=True)
-        (temp_dir / task_manifest_path(self.task_index, self.num_tasks)).write_bytes(manifest.encoded())
-        (temp_dir / done_marker_path(self.task_index, self.num_tasks)).write_bytes(manifest.done_marker())
         return manifest
 
 

@@ -13,17 +13,9 @@ import pytest
 from lightning_tune_data.cache.marker import COMPLETE_MARKER, read_cache_metadata
 from lightning_tune_data.cache.mirror import StoreCorruptError, download_store, publish_task, upload_store
 from lightning_tune_data.cache.root import StoreRoot
-from lightning_tune_data.cache.shards import write_shards
 from lightning_tune_data.cache.store_files import StoreFiles
 from lightning_tune_data.cache.store_reader import open_store
-from lightning_tune_data.cache.tasks import (
-    TaskManifest,
-    commit_store,
-    done_marker_path,
-    finished_task,
-    task_manifest_path,
-    task_name,
-)
+from lightning_tune_data.cache.tasks import TaskManifest, commit_store, finished_task, write_task
 
 FINGERPRINT = "d" * 64
 METADATA = {"fingerprint": FINGERPRINT, "manager": "LocalDatasetManager"}
@@ -31,12 +23,7 @@ METADATA = {"fingerprint": FINGERPRINT, "manager": "LocalDatasetManager"}
 
 def staged_task(staging: Path, index: int, count: int, rows: list[list[int]]) -> TaskManifest:
     table = pa.table({"input_ids": pa.array(rows, type=pa.list_(pa.int32()))})
-    manifest = TaskManifest(FINGERPRINT, index, count, {}, ["input_ids"], len(rows), 0,
-                            write_shards(table, staging, task_name(index, count), 1 << 20))
-    (staging / "tasks").mkdir(exist_ok=True)
-    (staging / task_manifest_path(index, count)).write_bytes(manifest.encoded())
-    (staging / done_marker_path(index, count)).write_bytes(manifest.done_marker())
-    return manifest
+    return write_task(staging, table, FINGERPRINT, index, count, {}, len(rows), 0, 1 << 20)
 
 
 @pytest.fixture

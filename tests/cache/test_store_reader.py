@@ -11,18 +11,15 @@ import pyarrow as pa
 
 from lightning_tune_data.cache.marker import marker_content
 from lightning_tune_data.cache.saved_dataset import save_dataset
-from lightning_tune_data.cache.shards import write_shards
 from lightning_tune_data.cache.store_reader import open_store, store_shards
-from lightning_tune_data.cache.tasks import TaskManifest, files_section, store_section
+from lightning_tune_data.cache.tasks import files_section, store_section, write_task
 
 
 def committed_store(folder: Path, parts: list[list[list[int]]]) -> dict:
     manifests = []
     for index, rows in enumerate(parts):
         table = pa.table({"input_ids": pa.array(rows, type=pa.list_(pa.int32()))})
-        name = f"task-{index:05d}-of-{len(parts):05d}"
-        manifests.append(TaskManifest("f" * 64, index, len(parts), {}, ["input_ids"], len(rows), 0,
-                                      write_shards(table, folder, name, 1 << 20)))
+        manifests.append(write_task(folder, table, "f" * 64, index, len(parts), {}, len(rows), 0, 1 << 20))
     content = marker_content({"fingerprint": "f" * 64}, {}, "source 'notes'", files_section(manifests),
                              store_section(manifests))
     (folder / "_COMPLETE.json").write_text(json.dumps(content))

@@ -11,7 +11,6 @@ import pytest
 
 from lightning_tune_data.cache.marker import COMPLETE_MARKER
 from lightning_tune_data.cache.root import StoreRoot
-from lightning_tune_data.cache.shards import write_shards
 from lightning_tune_data.cache.store_files import StoreFiles
 from lightning_tune_data.cache.tasks import (
     StoreNotCommittedError,
@@ -21,25 +20,24 @@ from lightning_tune_data.cache.tasks import (
     done_marker_path,
     finished_task,
     task_manifest_path,
-    task_name,
     task_progress,
+    write_task,
 )
 
 FINGERPRINT = "e" * 64
 METADATA = {"fingerprint": FINGERPRINT, "manager": "LocalDatasetManager"}
 
 
-def write_task(files: StoreFiles, index: int, count: int, rows: list[list[int]], columns: tuple = ("input_ids",),
-               marker: bool = True) -> TaskManifest:
-    folder = Path(files.path())
+def task(files: StoreFiles, index: int, count: int, rows: list[list[int]], columns: tuple = ("input_ids",),
+         marker: bool = True) -> TaskManifest:
+    """Write task ``index`` of ``count`` into the store; ``marker=False``: as if killed before its done-marker."""
     table = pa.table({"input_ids": pa.array(rows, type=pa.list_(pa.int32()))})
     if "loss_mask" in columns:
         table = table.append_column("loss_mask", pa.array([[True] * len(r) for r in rows], pa.list_(pa.bool_())))
-    manifest = TaskManifest(FINGERPRINT, index, count, {"rows": [index, index + 1]}, list(columns), len(rows), 0,
-                            write_shards(table, folder, task_name(index, count), 1 << 20))
-    files.write_bytes(task_manifest_path(index, count), manifest.encoded())
-    if marker:
-        files.write_bytes(done_marker_path(index, count), manifest.done_marker())
+    manifest = write_task(Path(files.path()), table, FINGERPRINT, index, count, {"rows": [index, index + 1]},
+                          len(rows), 0, 1 << 20)
+    if not marker:
+        (Path(files.path()) / done_marker_path(index, count)).unlink()
     return manifest
 
 
@@ -49,7 +47,7 @@ def files(tmp_path: Path) -> StoreFiles:
 
 
 def test_a_task_is_finished_only_with_a_matching_done_marker_and_its_shards(files: StoreFiles) -> None:
-    written = write_task(files, 0, 2, [[1, 2]], marker=False)
+    written = task(files, 0, 2, [[1, 2]], marker=False)
     assert finished_task(files, 0, 2, FINGERPRINT) is None  # killed before its done-marker
     files.write_bytes(done_marker_path(0, 2), written.done_marker())
     assert finished_task(files, 0, 2, FINGERPRINT) == written
@@ -63,19 +61,19 @@ def test_a_task_is_finished_only_with_a_matching_done_marker_and_its_shards(file
 
 
 def test_progress_lists_done_tasks_per_task_count(files: StoreFiles) -> None:
-    write_task(files, 0, 3, [[1]])
-    write_task(files, 2, 3, [[2]])
-    write_task(files, 1, 3, [[3]], marker=False)
+    task(files, 0, 3, [[1]])
+    task(files, 2, 3, [[2]])
+    task(files, 1, 3, [[3]], marker=False)
     assert task_progress(files) == {3: {0, 2}}
 
 
 def test_the_commit_lists_every_shard_in_task_order_and_is_written_last(files: StoreFiles) -> None:
-    write_task(files, 1, 2, [[3], [4, 5]])
+    task(files, 1, 2, [[3], [4, 5]])
     with pytest.raises(StoreNotCommittedError, match=r"source 'notes': cannot commit the store at .*notes-eeee: "
                                                      r"task 0 of 2 have not finished"):
         commit_store(files, 2, FINGERPRINT, METADATA, {}, "source 'notes'")
     assert not files.exists(COMPLETE_MARKER)
-    write_task(files, 0, 2, [[1, 2]])
+    task(files, 0, 2, [[1, 2]])
     content = commit_store(files, 2, FINGERPRINT, METADATA, {"source_key": "notes"}, "source 'notes'")
     first_bytes = files.read_bytes(COMPLETE_MARKER)
     store = content["store"]
@@ -88,12 +86,12 @@ def test_the_commit_lists_every_shard_in_task_order_and_is_written_last(files: S
 
 
 def test_tasks_that_disagree_on_columns_or_hold_no_rows_are_not_committed(files: StoreFiles) -> None:
-    write_task(files, 0, 2, [[1]])
-    write_task(files, 1, 2, [[2]], columns=("input_ids", "loss_mask"))
+    task(files, 0, 2, [[1]])
+    task(files, 1, 2, [[2]], columns=("input_ids", "loss_mask"))
     with pytest.raises(StoreNotCommittedError, match=r"the tasks wrote different columns"):
         commit_store(files, 2, FINGERPRINT, METADATA, {}, "source 'notes'")
     empty = StoreFiles(files.root, "empty")
-    write_task(empty, 0, 1, [])
+    task(empty, 0, 1, [])
     with pytest.raises(StoreNotCommittedError, match=r"no rows left after preprocessing \(0 rows read"):
         commit_store(empty, 1, FINGERPRINT, METADATA, {}, "source 'notes'")
 

@@ -8,8 +8,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from lightning_tune_data.cache.shards import write_shards
-from lightning_tune_data.cache.tasks import TaskManifest, done_marker_path, task_manifest_path, task_name
+from lightning_tune_data.cache.tasks import write_task
 from lightning_tune_data.managers import CacheMissingError
 from lightning_tune_data.managers.source_cache import SourceCache
 
@@ -19,11 +18,7 @@ FINGERPRINT = "0123456789abcdef" + "0" * 48
 def fill(folder: Path, fingerprint: str = FINGERPRINT) -> None:
     """Write a one-task store of two rows, as prepare_data's build does."""
     table = datasets.Dataset.from_dict({"input_ids": [[1, 2], [3]]}).data.table
-    shards = write_shards(table, folder, task_name(0, 1), 1 << 20)
-    manifest = TaskManifest(fingerprint, 0, 1, {"part": "all"}, ["input_ids"], 2, 0, shards)
-    (folder / "tasks").mkdir()
-    (folder / task_manifest_path(0, 1)).write_bytes(manifest.encoded())
-    (folder / done_marker_path(0, 1)).write_bytes(manifest.done_marker())
+    write_task(folder, table, fingerprint, 0, 1, {"part": "all"}, 2, 0, 1 << 20)
 
 
 def cache(root: Path, key: str = "notes", fingerprint: str = FINGERPRINT) -> SourceCache:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 from pathlib import Path
 
@@ -25,6 +26,16 @@ def write_jsonl(path: Path, texts: list[str], column: str = "text") -> Path:
         for text in texts:
             handle.write(json.dumps({column: text}) + "\n")
     return path
+
+
+def flip_keeping_stamp(path: Path) -> None:
+    """Flip one bit in the middle of a file and restore its modification time: a corruption that
+    keeps the file's size and stamp."""
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def assert_valid_png(path: Path) -> None:

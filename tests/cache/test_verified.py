@@ -3,19 +3,12 @@ whose stamp (size, modification time, inode) changed since, and a full check has
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from conftest import flip_keeping_stamp
 
 from lightning_tune_data.cache.checksums import tree_checksums, verify_files
 from lightning_tune_data.cache.verified import VERIFIED_RECORD, file_stamp, read_verified, record_verified
-
-
-def flip_keeping_stamp(path: Path) -> None:
-    stat = path.stat()
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def test_verified_stamps_are_recorded_and_read_back(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import make_texts, write_jsonl
+from conftest import flip_keeping_stamp, make_texts, write_jsonl
 from test_cache import REPO_ROOT, prepare
 
 
@@ -16,14 +16,6 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     return subprocess.run([sys.executable, "-m", "lightning_tune_data", "cache", *args], env=env,
                           capture_output=True, text=True, timeout=120)
-
-
-def flip_keeping_stamp(path: Path) -> None:
-    stat = path.stat()
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def test_verify_rehashes_every_store_and_names_a_corrupt_shard(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ A reader therefore sees a file complete or not at all, never half of one.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ from typing import Any
 from lightning_tune_data.cache.fingerprints import json_default
 from lightning_tune_data.cache.root import StorageError, StoreRoot, _short_error
 
-__all__ = ["StoreFiles"]
+__all__ = ["StoreFiles", "store_folders"]
 
 
 class StoreFiles:
@@ -172,3 +173,24 @@ class StoreFiles:
             self._call("", lambda: self.fs.rm(self.path(), recursive=True))
         except FileNotFoundError:
             pass
+
+
+def store_folders(root: StoreRoot, pattern: str = "*") -> list[str]:
+    """Names of the folders directly under a cache root (local or remote) matching ``pattern``, sorted.
+
+    Args:
+        root: The cache root.
+        pattern: A shell-style pattern of the names to keep (e.g. ``"notes-*"``).
+    """
+    if not root.is_remote:
+        base = root.local_path()
+        return sorted(p.name for p in base.glob(pattern) if p.is_dir()) if base.is_dir() else []
+    fs = root.filesystem()
+    base = root.join()
+    fs.invalidate_cache(base)  # other processes and machines write here
+    try:
+        entries = root.call(root.url, lambda: fs.ls(base, detail=True))
+    except FileNotFoundError:
+        return []
+    names = (e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+    return sorted(name for name in names if fnmatch.fnmatchcase(name, pattern))

@@ -22,7 +22,7 @@ from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM, READ_CHUNK_B
 from lightning_tune_data.cache.marker import COMPLETE_MARKER, marker_matches, read_cache_metadata
 from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.sizes import human_size
-from lightning_tune_data.cache.store_files import StoreFiles
+from lightning_tune_data.cache.store_files import StoreFiles, store_folders
 from lightning_tune_data.cache.tasks import describe_tasks, task_progress
 from lightning_tune_data.version import __version__
 
@@ -46,17 +46,6 @@ class RemoteStore:
                 f"stale: {self.stale}" if self.stale else "committed"]
 
 
-def _store_names(root: StoreRoot) -> list[str]:
-    fs = root.filesystem()
-    base = root.join()
-    try:
-        fs.invalidate_cache(base)
-        entries = root.call(root.url, lambda: fs.ls(base, detail=True))
-    except FileNotFoundError:
-        return []
-    return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
-
-
 def remote_stores(root: StoreRoot, source: str | None = None) -> list[RemoteStore]:
     """Every store folder under a remote root (only ``source``'s when given).
 
@@ -65,7 +54,7 @@ def remote_stores(root: StoreRoot, source: str | None = None) -> list[RemoteStor
         source: A source name to keep.
     """
     stores = []
-    for name in _store_names(root):
+    for name in store_folders(root):
         files = StoreFiles(root, name)
         content = files.read_json(COMPLETE_MARKER)
         inputs = (content or {}).get("inputs") or {}

@@ -10,6 +10,7 @@ what it finds for the source (a missing, unfinished or corrupt store names the s
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -42,15 +43,8 @@ __all__ = ["SourceCache"]
 
 def describe_single_task(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """The files and store sections of a store written by one task (``prepare_data``)."""
-    manifest = TaskManifest.from_json(read_json(folder / task_manifest_path(0, 1)))
+    manifest = TaskManifest.from_json(json.loads((folder / task_manifest_path(0, 1)).read_text(encoding="utf-8")))
     return files_section([manifest]), store_section([manifest])
-
-
-def read_json(path: Path) -> Any:
-    """A local JSON file's content."""
-    import json
-
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def _opens(folder: Path) -> str | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from lightning_tune_data.cache.mirror import publish_task
 from lightning_tune_data.cache.root import StoreRoot
-from lightning_tune_data.cache.store_files import StoreFiles
+from lightning_tune_data.cache.store_files import StoreFiles, store_folders
 from lightning_tune_data.cache.marker import COMPLETE_MARKER
 from lightning_tune_data.cache.records import describe_changes
 from lightning_tune_data.cache.tasks import (
@@ -77,16 +77,8 @@ def _staging_folder(root: StoreRoot, name: str, task_index: int, num_tasks: int)
 
 def _other_partial_stores(root: StoreRoot, key: str, this: str) -> list[StoreFiles]:
     """The partly written stores of the same source (another configuration) under the root."""
-    if root.is_remote:
-        fs = root.filesystem()
-        try:
-            fs.invalidate_cache(root.join())
-            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in root.call(root.url, lambda: fs.glob(root.join(f"{key}-*")))]
-        except FileNotFoundError:
-            names = []
-    else:
-        names = [p.name for p in root.local_dir.glob(f"{key}-*") if p.is_dir()]
-    others = [StoreFiles(root, name) for name in sorted(names) if name != this]
+    names = store_folders(root, f"{key}-*")
+    others = [StoreFiles(root, name) for name in names if name != this]
     return [files for files in others if not files.exists(COMPLETE_MARKER) and task_progress(files)]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lightning_tune_data.cache.root import StoreRoot
-from lightning_tune_data.cache.store_files import StoreFiles
+from lightning_tune_data.cache.store_files import StoreFiles, store_folders
 
 
 def test_files_are_written_whole_and_read_back(tmp_path: Path) -> None:
@@ -40,3 +40,13 @@ def test_files_are_copied_in_and_out_listed_and_the_folder_removed(tmp_path: Pat
     files.remove()
     assert not (tmp_path / "root" / "s").exists()
     files.remove()  # removing what is gone is fine
+
+
+def test_store_folders_lists_the_folders_of_a_root_matching_a_pattern(tmp_path: Path) -> None:
+    root = StoreRoot(str(tmp_path / "root"))
+    assert store_folders(root) == []  # a root that does not exist yet holds nothing
+    for name in ("notes-aaaa", "notes-bbbb", "other-cccc"):
+        StoreFiles(root, name).write_bytes("x", b"1")
+    (tmp_path / "root" / "notes-file").write_bytes(b"not a folder")
+    assert store_folders(root) == ["notes-aaaa", "notes-bbbb", "other-cccc"]
+    assert store_folders(root, "notes-*") == ["notes-aaaa", "notes-bbbb"]

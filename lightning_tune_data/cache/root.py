@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,12 +76,19 @@ class StoreRoot:
         local_dir: The node-local folder: for a local root, the root itself; for a remote one,
             where this node keeps its verified copies (default :func:`default_local_cache_dir`).
         shard_bytes: New stores close a shard once it holds about this many bytes.
+        cache_budget: For a remote root, the most bytes of each train store's shards this node
+            keeps; a store larger than that is read shard by shard, window by window, instead
+            of being copied whole. ``None``: train stores are copied whole.
+        shuffle_window: Shards a budgeted store's shuffle mixes at a time (``None``: derived
+            from the budget).
     """
 
     url: str
     storage_options: Mapping[str, Any] | None = None
     local_dir: Path = field(default=None)  # type: ignore[assignment]
     shard_bytes: int = DEFAULT_SHARD_BYTES
+    cache_budget: int | None = None
+    shuffle_window: int | None = None
 
     def __post_init__(self) -> None:
         url = os.fspath(self.url)
@@ -93,6 +100,19 @@ class StoreRoot:
             object.__setattr__(self, "local_dir", local)
         else:
             object.__setattr__(self, "local_dir", Path(self.local_dir))
+
+    @classmethod
+    def configured(cls, url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None, local_dir: str | None,
+                   shard_size: int | str, cache_budget: int | str | None, shuffle_window: int | None) -> StoreRoot:
+        """A root from a datamodule's options (sizes as bytes or ``"256MB"``-style text).
+
+        Raises:
+            ValueError: A size that is not one, or a ``shuffle_window`` below 1.
+        """
+        if shuffle_window is not None and shuffle_window < 1:
+            raise ValueError(f"shuffle_window must be >= 1 shard, got {shuffle_window}.")
+        budget = None if cache_budget is None else parse_size(cache_budget)
+        return cls(os.fspath(url), storage_options, local_dir, parse_size(shard_size), budget, shuffle_window)
 
     @classmethod
     def of(cls, root: str | os.PathLike[str] | StoreRoot, **options: Any) -> StoreRoot:
@@ -111,10 +131,15 @@ class StoreRoot:
         the shard size and, for a remote ``url``, this node's local folder; ``None``: this root."""
         if url is None:
             return self
-        moved = StoreRoot(os.fspath(url), self.storage_options, shard_bytes=self.shard_bytes)
+        moved = StoreRoot(os.fspath(url), self.storage_options, shard_bytes=self.shard_bytes,
+                          cache_budget=self.cache_budget, shuffle_window=self.shuffle_window)
         if moved.is_remote and self.is_remote:
-            return StoreRoot(moved.url, self.storage_options, self.local_dir, self.shard_bytes)
+            return replace(moved, local_dir=self.local_dir)
         return moved
+
+    def unbudgeted(self) -> StoreRoot:
+        """This root with whole copies of its stores (evaluation sources are read whole)."""
+        return replace(self, cache_budget=None, shuffle_window=None)
 
     @property
     def is_remote(self) -> bool:

@@ -81,10 +81,11 @@ def shard_name(task_folder: str, number: int) -> str:
 
 def _batches(table: pa.Table, batch_bytes: int) -> Iterator[pa.RecordBatch]:
     """The table's rows, in order, as record batches of about ``batch_bytes`` (consecutive
-    chunks combined, one copy of at most ``batch_bytes`` at a time; a bigger chunk stays whole)."""
+    chunks combined, one copy of at most ``batch_bytes`` at a time; a bigger chunk is sliced,
+    without a copy, so a shard can be smaller than the chunks the table was written in)."""
     group: list[pa.RecordBatch] = []
     size = 0
-    for batch in table.to_batches():
+    for batch in _sliced(table.to_batches(), batch_bytes):
         if not batch.num_rows:
             continue
         group.append(batch)
@@ -94,6 +95,17 @@ def _batches(table: pa.Table, batch_bytes: int) -> Iterator[pa.RecordBatch]:
             group, size = [], 0
     if group:
         yield from _combined(group)
+
+
+def _sliced(batches: list[pa.RecordBatch], batch_bytes: int) -> Iterator[pa.RecordBatch]:
+    """``batches`` with each one larger than ``batch_bytes`` cut into zero-copy slices of about that size."""
+    for batch in batches:
+        if batch.nbytes <= batch_bytes or batch.num_rows < 2:
+            yield batch
+            continue
+        rows = max(1, int(batch.num_rows * batch_bytes / batch.nbytes))
+        for start in range(0, batch.num_rows, rows):
+            yield batch.slice(start, rows)
 
 
 def _combined(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:

@@ -42,7 +42,14 @@ def prepare_datasets(
             if isinstance(manager, UnconditionalGenerationDatasetManager):
                 continue
             log.debug("Preparing %s/%s", split, name)  # the cache prints one line per source
-            manager.prepare_data(tokenizer, StoreRoot.of(cache_dir).with_url(manager.options.cache_dir), cache_verify=cache_verify)
+            manager.prepare_data(tokenizer, _root(cache_dir, manager, split), cache_verify=cache_verify)
+
+
+def _root(cache_dir: StoreRoot | str | os.PathLike[str], manager: Any, split: str) -> StoreRoot:
+    """Where ``manager``'s store is: its own ``cache_dir`` or the datamodule's; only train stores
+    are read through a ``cache_budget`` (evaluation stores are small and read again and again)."""
+    root = StoreRoot.of(cache_dir).with_url(manager.options.cache_dir)
+    return root if split == "train" else root.unbudgeted()
 
 
 def set_up_datasets(
@@ -69,7 +76,7 @@ def set_up_datasets(
             for name, manager in (dataset_managers.get(split) or {}).items():
                 if lightning_stage not in manager.stages or name in datasets[split]:
                     continue
-                datasets[split][name] = manager.setup(tokenizer, StoreRoot.of(cache_dir).with_url(manager.options.cache_dir))
+                datasets[split][name] = manager.setup(tokenizer, _root(cache_dir, manager, split))
 
 
 def loaded_dataset(datasets: Mapping[str, Mapping[str, Any]], split: str, name: str) -> Any:

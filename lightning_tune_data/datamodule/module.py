@@ -30,7 +30,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 
 from lightning_tune_data.cache.checksums import VerifyMode
-from lightning_tune_data.cache.root import StoreRoot, default_local_cache_dir, parse_size
+from lightning_tune_data.cache.root import StoreRoot, default_local_cache_dir
 from lightning_tune_data.collate import PackedCollator, PaddedCollator
 from lightning_tune_data.datamodule.eval_loaders import eval_loaders
 from lightning_tune_data.datamodule.manager_data import loaded_dataset, prepare_datasets, set_up_datasets
@@ -98,6 +98,9 @@ class TextDataModule(LightningDataModule):
         storage_options: options of a remote ``cache_dir``'s filesystem (endpoint, credentials).
         local_cache_dir: this node's copies of a remote ``cache_dir``'s stores (``default_cache_dir()``).
         shard_size: new stores close a shard at about this size (``"256MB"``).
+        cache_budget: most bytes of each remote train store kept on this node (``"50GB"``): a larger
+            store is read shard by shard, fetched ahead of need (``None``: copied whole).
+        shuffle_window: shards a budgeted store's shuffle mixes at once (default: budget's / 4).
     """
 
     def __init__(
@@ -128,6 +131,8 @@ class TextDataModule(LightningDataModule):
         storage_options: dict[str, Any] | None = None,
         local_cache_dir: str | None = None,
         shard_size: int | str = "256MB",
+        cache_budget: int | str | None = None,
+        shuffle_window: int | None = None,
     ) -> None:
         super().__init__()
         self.prepare_data_per_node = prepare_data_per_node
@@ -137,8 +142,8 @@ class TextDataModule(LightningDataModule):
         self.eval_batch_size = batch_size if eval_batch_size is None else eval_batch_size
         self.num_workers = num_workers
         self.seed = seed
-        self.store_root = StoreRoot(str(cache_dir or default_cache_dir()), storage_options, local_cache_dir,
-                                    parse_size(shard_size))
+        self.store_root = StoreRoot.configured(cache_dir or default_cache_dir(), storage_options, local_cache_dir,
+                                               shard_size, cache_budget, shuffle_window)
         self.cache_dir = self.store_root.url if self.store_root.is_remote else self.store_root.local_path()
         self.cache_verify = cache_verify
         self.packing = packing
@@ -181,12 +186,8 @@ class TextDataModule(LightningDataModule):
         return dataloader_names(self.dataset_managers, self.train_stream_name)
 
     def dataloader_name(self, stage: str, idx: int = 0) -> str:
-        """Name of dataloader ``idx`` of ``stage``: what the model logs that loader's metrics under.
-
-        Args:
-            stage, idx: a Lightning stage or split name (``fit``/``train``, ``validate``/``val``, ...) and
-                the dataloader's index in it (Lightning's ``dataloader_idx``).
-        """
+        """Name of dataloader ``idx`` (Lightning's ``dataloader_idx``) of ``stage`` (a stage or split
+        name: ``fit``/``train``, ``validate``/``val``, ...): what the model logs its metrics under."""
         return dataloader_name(self.dataloader_names, stage, idx)
 
     def _managers(self, split: str) -> dict[str, Any]:
@@ -267,11 +268,8 @@ class TextDataModule(LightningDataModule):
         return self._eval_loaders("predict")
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Count the train batches the model actually consumes (the fit loop prefetches one).
-
-        Args:
-            batch, dataloader_idx: the batch about to move to the device (returned as is) and its loader.
-        """
+        """Count the train batches the model actually consumes (the fit loop prefetches one); ``batch``
+        is returned as is."""
         trainer = getattr(self, "trainer", None)
         if trainer is not None and trainer.training:
             self._batches_consumed += 1

@@ -17,10 +17,12 @@ from typing import Any
 
 import datasets
 
+from lightning_tune_data.cache.cached_store import CachedStore, shuffle_window_for
 from lightning_tune_data.cache.checksums import VerifyMode
 from lightning_tune_data.cache.layout import cache_folder, find_cache, other_caches
 from lightning_tune_data.cache.marker import COMPLETE_MARKER, is_valid_cache, marker_matches, read_cache_metadata
 from lightning_tune_data.cache.mirror import download_store, upload_store
+from lightning_tune_data.cache.node_cache import NODE_CACHE_FOLDER
 from lightning_tune_data.cache.records import rebuild_reason
 from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.store import build_cache_atomically
@@ -140,6 +142,9 @@ class SourceCache:
         files = self.files()
         content = self.committed(files) or self.finish_tasks(files, inputs)
         if content is not None:
+            budgeted = self.budgeted(files, content)
+            if budgeted is not None:  # read shard by shard in training: nothing to copy now
+                return budgeted.cache.folder
             return download_store(files, content, self.folder(), self.description, verify_mode)
         local = build_cache_atomically(
             self.folder(), fill, self.metadata, verify=_opens if verify_mode == "size" else None,
@@ -149,6 +154,23 @@ class SourceCache:
         if self.committed(files) is None:
             upload_store(local, files, self.description)
         return local
+
+    def budgeted(self, files: StoreFiles, content: dict[str, Any]) -> CachedStore | None:
+        """The committed remote store read through this node's shard cache, when the root has a
+        ``cache_budget`` the store's shards exceed; ``None`` when it is copied whole.
+
+        Raises:
+            ValueError: The budget cannot hold a shuffle window and the next one.
+        """
+        budget = self.root.cache_budget
+        if not self.root.is_remote or budget is None or not (content.get("store") or {}).get("shards"):
+            return None
+        sizes = [int((content.get("files") or {})[shard["path"]]["size"]) for shard in content["store"]["shards"]]
+        if sum(sizes) <= budget:
+            return None
+        window = shuffle_window_for(sizes, budget, self.root.shuffle_window, self.description)
+        folder = self.root.local_dir / NODE_CACHE_FOLDER / files.name
+        return CachedStore(files, content, folder, budget, window, self.description)
 
     def local_store(self, inputs: Mapping[str, Any] | None = None) -> Path:
         """This node's committed copy of the store (downloaded first for a remote root).
@@ -184,9 +206,9 @@ class SourceCache:
             return download_store(files, content, final_dir, self.description)
         return final_dir
 
-    def open(self, inputs: Mapping[str, Any] | None = None) -> datasets.Dataset:
+    def open(self, inputs: Mapping[str, Any] | None = None) -> datasets.Dataset | CachedStore:
         """Memory-map the committed store (this never builds it; a remote one is downloaded to
-        this node first).
+        this node first, or read through the node's shard cache under a ``cache_budget``).
 
         Args:
             inputs: What the store is built from (see :meth:`local_store`).
@@ -194,6 +216,12 @@ class SourceCache:
         Raises:
             CacheMissingError: There is no committed store of this configuration, or it is corrupt.
         """
+        if self.root.is_remote and self.root.cache_budget is not None:
+            files = self.files()
+            content = self.committed(files) or self.finish_tasks(files, inputs or {})
+            budgeted = None if content is None else self.budgeted(files, content)
+            if budgeted is not None:
+                return budgeted
         folder = self.local_store(inputs)
         dataset, problem = open_store(folder, read_cache_metadata(folder))
         if problem is not None:

@@ -4,6 +4,12 @@ The table's ``input_ids`` (and optional ``loss_mask``) columns are opened lazily
 that reads (a dataloader worker, usually), and never pickled. Pass ``e`` visits positions in the
 order of the keyed permutation of ``(seed, source name, e)``; the rows of a pass's next positions
 are computed in bulk, ``_ROWS_AHEAD`` at a time, and kept until they are visited.
+
+A store read through the node cache (a :class:`~lightning_tune_data.cache.cached_store.CachedStore`)
+is opened shard by shard, and its passes follow the two-level windowed order
+(:mod:`~lightning_tune_data.sources.windowed_order`) that the cache can serve; as the reader walks
+it, :class:`~lightning_tune_data.sources.sharded_column.WindowReads` tells the cache what to keep
+and fetch ahead.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.arrow_columns import ListColumn, arrow_table
 from lightning_tune_data.sources.pass_order import PassPlan
 from lightning_tune_data.sources.permutation import KeyedPermutation, permutation_key
+from lightning_tune_data.sources.sharded_column import ShardedColumn, WindowReads
+from lightning_tune_data.sources.windowed_order import ORDER_SHARDS, ORDER_WINDOW, WindowedPermutation
 
 __all__ = ["ArrowRows"]
 
@@ -52,13 +60,15 @@ class ArrowRows:
         # Built lazily in the process that reads; dropped when pickled.
         self.input_ids: ListColumn | None = None
         self.loss_mask: ListColumn | None = None
-        self._permutations: dict[int, KeyedPermutation] = {}
+        self._permutations: dict[int, KeyedPermutation | WindowedPermutation] = {}
+        self._window_reads: WindowReads | None = None
         self._rows_ahead: tuple[PassPlan, int, np.ndarray] | None = None  # (plan, its taken count, rows)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["input_ids"] = state["loss_mask"] = None
         state["_permutations"] = {}
+        state["_window_reads"] = None
         state["_rows_ahead"] = None
         return state
 
@@ -70,6 +80,13 @@ class ArrowRows:
         """
         if self.input_ids is not None:
             return
+        if self.windowed:
+            self.input_ids = ShardedColumn(self.dataset, INPUT_IDS, self.source)
+            if LOSS_MASK in self.dataset.columns:
+                self.loss_mask = ShardedColumn(self.dataset, LOSS_MASK, self.source)
+            columns = [column for column in (self.input_ids, self.loss_mask) if column is not None]
+            self._window_reads = WindowReads(self.dataset, self._permutation, columns)
+            return
         table = arrow_table(self.dataset)
         if INPUT_IDS not in table.column_names:
             raise KeyError(
@@ -80,13 +97,29 @@ class ArrowRows:
         if LOSS_MASK in table.column_names:
             self.loss_mask = ListColumn(table.column(LOSS_MASK), LOSS_MASK, self.source)
 
-    def _permutation(self, epoch: int) -> KeyedPermutation:
-        """The order of pass ``epoch`` (the latest pass's is kept)."""
+    @property
+    def windowed(self) -> bool:
+        """Whether the rows are read shard by shard through the node cache, window by window."""
+        return hasattr(self.dataset, "open_shard")
+
+    def order_state(self) -> dict[str, int] | None:
+        """What the pass order depends on beyond the seed and rows (saved with the position):
+        the shuffle window and shards of a windowed store, ``None`` for the full shuffle."""
+        if not self.windowed:
+            return None
+        return {ORDER_WINDOW: self.dataset.window, ORDER_SHARDS: self.dataset.num_shards}
+
+    def _permutation(self, epoch: int) -> KeyedPermutation | WindowedPermutation:
+        """The order of pass ``epoch`` (the latest two passes' are kept)."""
         permutation = self._permutations.get(epoch)
         if permutation is None:
             key = permutation_key(self.settings.seed, self.source, epoch)
-            permutation = KeyedPermutation(self.num_rows, key, shuffle=self.shuffle)
-            self._permutations = {epoch: permutation}
+            if self.windowed:
+                permutation = WindowedPermutation(self.dataset.shard_rows, self.dataset.window, key, self.shuffle)
+            else:
+                permutation = KeyedPermutation(self.num_rows, key, shuffle=self.shuffle)
+            self._permutations = {**{e: p for e, p in self._permutations.items() if e in (epoch - 1, epoch + 1)},
+                                  epoch: permutation}
         return permutation
 
     def upcoming(self, plan: PassPlan, limit: int) -> np.ndarray:
@@ -100,6 +133,8 @@ class ArrowRows:
             limit: the most rows returned.
         """
         cached, taken = self._rows_ahead, plan.taken
+        if self._window_reads is not None and not plan.done:  # a read never spans two windows
+            limit = self._window_reads.moved_to(plan.epoch, plan.upcoming(limit))
         if cached is None or cached[0] is not plan or not cached[1] <= taken < cached[1] + len(cached[2]):
             cached = self._rows_ahead = (plan, taken, self._permutation(plan.epoch)(plan.upcoming(_ROWS_AHEAD)))
         offset = taken - cached[1]

@@ -20,6 +20,7 @@ from lightning_tune_data.distributed import current_shard
 from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.document_block import DocumentBlock
 from lightning_tune_data.sources.pass_order import ShardPasses, merge_remaining, split_remaining
+from lightning_tune_data.sources.windowed_order import ORDER_SHARDS, ORDER_WINDOW
 from lightning_tune_data.sources.source_state import SourceCounters, shard_mismatch_error
 
 __all__ = ["ArrowSourceState"]
@@ -27,6 +28,7 @@ __all__ = ["ArrowSourceState"]
 # State keys.
 _WALK = "walk"
 _COUNTERS = "counters"
+_ORDER = "order"
 
 
 class ArrowSourceState:
@@ -38,11 +40,15 @@ class ArrowSourceState:
         settings: the run's settings (``rank`` and ``world_size`` place the shard; ``max_seq_len``
             and ``overlong`` tell what was skipped in a block).
         counters: the source's counters (restored in place when a state is loaded).
+        order: what the pass order depends on beyond the seed and rows (a windowed store's
+            shuffle window; ``None`` for the full shuffle): saved, and required of a loaded state.
     """
 
-    def __init__(self, source: str, num_rows: int, settings: StreamSettings, counters: SourceCounters) -> None:
+    def __init__(self, source: str, num_rows: int, settings: StreamSettings, counters: SourceCounters,
+                 order: dict[str, int] | None = None) -> None:
         self.source = source
         self.num_rows = num_rows
+        self.order = order
         self.settings = settings
         self.counters = counters
         #: ``[plan, documents of its block read, of them applied to the plan]`` while a block is read.
@@ -88,7 +94,9 @@ class ArrowSourceState:
         """A record of the position now, taken in a few microseconds; calling it builds
         :meth:`state_dict`'s result for that position."""
         self.settle()
-        walk, counters, name = self.walk().snapshot(), self.counters.state_dict(), self.source
+        walk, counters, name, order = self.walk().snapshot(), self.counters.state_dict(), self.source, self.order
+        if order is not None:
+            return lambda: {name: {_WALK: walk(), _COUNTERS: dict(counters), _ORDER: dict(order)}}
         return lambda: {name: {_WALK: walk(), _COUNTERS: dict(counters)}}
 
     def load_state_dict(self, own: dict[str, Any]) -> None:
@@ -101,6 +109,7 @@ class ArrowSourceState:
             ValueError: the state was written for other data or by another shard.
         """
         self._check_rows(own[_WALK])
+        self._check_order(own)
         walk = ShardPasses.from_state(own[_WALK])
         shard = current_shard(self.settings.rank, self.settings.world_size)
         if (walk.num_shards, walk.shard_id) != (shard.num_shards, shard.shard_id):
@@ -118,12 +127,14 @@ class ArrowSourceState:
         """
         for own in owns:
             self._check_rows(own[_WALK])
-        return {
-            self.source: {
-                _WALK: merge_remaining([own[_WALK] for own in owns], self.source),
-                _COUNTERS: SourceCounters.total([own[_COUNTERS] for own in owns]).state_dict(),
-            }
+            self._check_order(own)
+        merged = {
+            _WALK: merge_remaining([own[_WALK] for own in owns], self.source),
+            _COUNTERS: SourceCounters.total([own[_COUNTERS] for own in owns]).state_dict(),
         }
+        if self.order is not None:
+            merged[_ORDER] = dict(self.order)
+        return {self.source: merged}
 
     def load_global(self, own: dict[str, Any]) -> None:
         """Continue from a :meth:`merge` result: this shard takes its share on first use.
@@ -131,6 +142,7 @@ class ArrowSourceState:
         Args:
             own: the source's entry of the merged state.
         """
+        self._check_order(own)
         self._remaining = own
         self._walk = None
         self.cursor = None
@@ -144,8 +156,9 @@ class ArrowSourceState:
             documents: how many of the block's documents have been used (0 to all of them).
         """
         own = block.start_state[self.source]
+        order = {_ORDER: own[_ORDER]} if _ORDER in own else {}
         if documents == 0:
-            return {self.source: {_WALK: own[_WALK], _COUNTERS: dict(own[_COUNTERS])}}
+            return {self.source: {_WALK: own[_WALK], _COUNTERS: dict(own[_COUNTERS]), **order}}
         read = int(block.kept[documents - 1]) + 1  # rows read up to and including that document
         empty, over = block.skipped_through(read, self.settings.max_seq_len)
         counters = dict(own[_COUNTERS])
@@ -153,7 +166,23 @@ class ArrowSourceState:
         if over:
             counters["overlong_dropped" if self.settings.overlong == "drop" else "overlong_truncated"] += over
         walk = ShardPasses.state_advanced(own[_WALK], read)
-        return {self.source: {_WALK: walk, _COUNTERS: counters}}
+        return {self.source: {_WALK: walk, _COUNTERS: counters, **order}}
+
+    def _check_order(self, own: dict[str, Any]) -> None:
+        """Refuse a position saved under another pass order: it would mean other rows."""
+        saved = own.get(_ORDER)
+        if saved == self.order:
+            return
+        def describe(order: dict[str, int] | None) -> str:
+            return ("the full shuffle of a store on this node (or read whole)" if order is None else
+                    f"the shuffle window of {order[ORDER_WINDOW]} of its {order[ORDER_SHARDS]} shards")
+        fix = (f"set shuffle_window: {saved[ORDER_WINDOW]} (with a cache_budget that holds it)" if saved is not None
+               else "read it without a cache_budget, as when the checkpoint was written")
+        raise ValueError(
+            f"Source '{self.source}': the checkpoint's position is in {describe(saved)}, but this run reads "
+            f"{describe(self.order)}; the same position would mean other rows. To resume exactly, {fix}; or resume "
+            "with `resume_data_state: false` to start the data from the beginning."
+        )
 
     def _check_rows(self, walk_state: dict[str, Any]) -> None:
         """Refuse a walk saved over another number of rows: its positions would mean other rows."""

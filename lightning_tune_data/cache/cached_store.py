@@ -1,0 +1,116 @@
+"""``CachedStore``: a committed remote store read shard by shard through this node's bounded cache.
+
+It stands where a memory-mapped ``datasets.Dataset`` stands for a store on this machine: it knows
+the store's rows (every shard's row count is in the commit, so nothing is downloaded to know
+them) and opens a shard only when a reader asks for one of its rows, through a
+:class:`~lightning_tune_data.cache.node_cache.NodeShardCache` made in the process that reads.
+``window`` is how many shards the shuffle mixes at a time (see
+:mod:`lightning_tune_data.sources.windowed_order`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lightning_tune_data.cache.node_cache import NodeShardCache
+from lightning_tune_data.cache.shard_fetch import FetchRetries
+from lightning_tune_data.cache.sizes import human_size
+from lightning_tune_data.cache.store_files import StoreFiles
+
+__all__ = ["CachedStore", "shuffle_window_for"]
+
+#: A budget holds this many windows by default: the window being read, the next one (fetched
+#: ahead) and room for readers of a node that are a window apart.
+WINDOWS_PER_BUDGET = 4
+
+
+def shuffle_window_for(shard_sizes: list[int], budget: int, window: int | None, description: str) -> int:
+    """Shards per shuffle window for a store read through ``budget`` bytes.
+
+    Args:
+        shard_sizes: every shard's size in bytes.
+        budget: the node cache's budget for the store.
+        window: the window asked for; ``None`` derives it (a quarter of the budget's shards).
+        description: names the source in errors.
+
+    Raises:
+        ValueError: the budget cannot hold one window and the next one (fetched ahead).
+    """
+    largest = max(shard_sizes)
+    fitting = budget // largest
+    if window is None:
+        window = max(1, fitting // WINDOWS_PER_BUDGET)
+    if window < 1:
+        raise ValueError(f"{description}: shuffle_window must be >= 1 shard, got {window}.")
+    needed = 2 * window * largest
+    if needed > budget:
+        raise ValueError(
+            f"{description}: cache_budget {human_size(budget)} cannot hold a shuffle window of {window} shard(s) and the "
+            f"next window fetched ahead ({2 * window} shards of up to {human_size(largest)}: {human_size(needed)}). "
+            f"Raise cache_budget to at least {human_size(needed)}, or lower shuffle_window"
+            + ("." if window > 1 else " (it is already 1 shard: the store's shards are large; prepare it with a smaller shard_size).")
+        )
+    return int(window)
+
+
+class CachedStore:
+    """A committed remote store whose shards are fetched on demand into a bounded node cache.
+
+    Args:
+        files: the remote store.
+        content: its commit.
+        folder: this store's folder in the node cache.
+        budget: bytes of shards kept on this node.
+        window: shards per shuffle window.
+        description: names the source in messages.
+        retries: how failing reads of a shard are retried.
+    """
+
+    def __init__(self, files: StoreFiles, content: dict[str, Any], folder: Path, budget: int, window: int,
+                 description: str, retries: FetchRetries = FetchRetries()) -> None:
+        store = content["store"]
+        recorded = content.get("files") or {}
+        self.shards = [{**recorded[entry["path"]], **entry} for entry in store["shards"]]
+        self.columns = list(store.get("columns") or [])
+        self.window = int(window)
+        self.budget = int(budget)
+        self.description = description
+        self.shard_rows = np.array([int(entry["rows"]) for entry in self.shards], dtype=np.int64)
+        self.shard_starts = np.concatenate([[0], np.cumsum(self.shard_rows)]).astype(np.int64)
+        self.cache = NodeShardCache(files, folder, self.shards, budget, retries, description)
+
+    def __len__(self) -> int:
+        return int(self.shard_starts[-1])
+
+    @property
+    def num_shards(self) -> int:
+        """Shards of the store."""
+        return len(self.shards)
+
+    @property
+    def size(self) -> int:
+        """Bytes of all shards."""
+        return sum(int(entry["size"]) for entry in self.shards)
+
+    def shard_of(self, rows: np.ndarray) -> np.ndarray:
+        """The shard of each row."""
+        return np.searchsorted(self.shard_starts, rows, side="right") - 1
+
+    def open_shard(self, shard: int) -> pa.Table:
+        """Shard ``shard``'s table, memory-mapped from the node cache (fetched first when missing;
+        pinned until :meth:`close_shard`)."""
+        path = self.cache.acquire(shard)
+        with pa.memory_map(str(path)) as source:
+            return pa.ipc.open_stream(source).read_all()
+
+    def close_shard(self, shard: int) -> None:
+        """Let the cache evict shard ``shard`` (views into it stay valid)."""
+        self.cache.release(shard)
+
+    def __repr__(self) -> str:
+        return (f"CachedStore({self.cache.files.url()}, {len(self)} rows in {self.num_shards} shards, "
+                f"budget={human_size(self.budget)}, window={self.window})")

@@ -1,0 +1,134 @@
+"""Reading a store shard by shard through the node cache: its columns, and which shards to keep.
+
+:class:`ShardedColumn` reads rows of one list column of a
+:class:`~lightning_tune_data.cache.cached_store.CachedStore` as zero-copy views, opening a shard
+(fetching it into the node cache when missing) the first time one of its rows is read. It has
+no flat view of all tokens, so a packer takes each document as a view.
+
+:class:`WindowReads` is what a reader tells the cache as it walks a pass: entering a window of
+the two-level order, it keeps (pins) the shards of this window and the next, fetches the ones
+still missing in the background, lets go of the rest, and tells the cache each shard's next use
+(its window from here on, this pass or the next) so the cache evicts the one needed furthest away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from lightning_tune_data.sources.arrow_columns import ListColumn
+from lightning_tune_data.sources.windowed_order import WindowedPermutation
+
+__all__ = ["ShardedColumn", "WindowReads"]
+
+
+class ShardedColumn:
+    """One list column of a cached store, read shard by shard.
+
+    Args:
+        store: the :class:`~lightning_tune_data.cache.cached_store.CachedStore`.
+        name: the column's name.
+        source: the source's name (for error messages).
+    """
+
+    def __init__(self, store: Any, name: str, source: str) -> None:
+        self._store = store
+        self._name = name
+        self._source = source
+        self._shards: dict[int, ListColumn] = {}
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def _shard(self, shard: int) -> ListColumn:
+        column = self._shards.get(shard)
+        if column is None:
+            table = self._store.open_shard(shard)
+            if self._name not in table.column_names:
+                raise KeyError(f"Source '{self._source}': shard {shard} of the store has no '{self._name}' column "
+                               f"(columns: {table.column_names}); the store is damaged, prepare it again.")
+            column = self._shards[shard] = ListColumn(table.column(self._name), self._name, self._source)
+        return column
+
+    def keep_only(self, shards: set[int]) -> None:
+        """Forget the open shards not in ``shards`` (views already handed out stay valid)."""
+        for shard in [shard for shard in self._shards if shard not in shards]:
+            del self._shards[shard]
+
+    def row(self, index: int) -> np.ndarray:
+        """A zero-copy view of row ``index``."""
+        shard = int(self._store.shard_of(np.array([index]))[0])
+        return self._shard(shard).row(index - int(self._store.shard_starts[shard]))
+
+    def rows(self, indices: np.ndarray) -> list[np.ndarray]:
+        """Zero-copy views of several rows, in order."""
+        indices = np.asarray(indices, dtype=np.int64)
+        shards = self._store.shard_of(indices)
+        views: list[Any] = [None] * len(indices)
+        for shard in np.unique(shards).tolist():
+            where = np.flatnonzero(shards == shard)
+            local = indices[where] - self._store.shard_starts[shard]
+            for at, view in zip(where.tolist(), self._shard(shard).rows(local)):
+                views[at] = view
+        return views
+
+    def rows_and_lengths(self, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """Zero-copy views of several rows and their lengths."""
+        views = self.rows(indices)
+        return views, np.fromiter(map(len, views), dtype=np.int64, count=len(views))
+
+    def flat(self) -> None:
+        """No flat view: the shards are opened one by one (a packer takes documents as views)."""
+        return None
+
+
+class WindowReads:
+    """What one reader keeps and fetches ahead, as it walks the windows of the passes.
+
+    Args:
+        store: the cached store.
+        order_of: the order of a pass, by pass number.
+        columns: the columns that open shards (told which to forget).
+    """
+
+    def __init__(self, store: Any, order_of: Callable[[int], WindowedPermutation], columns: list[ShardedColumn]) -> None:
+        self._store = store
+        self._order_of = order_of
+        self._columns = columns
+        self._at: tuple[int, int] | None = None
+
+    def moved_to(self, epoch: int, positions: np.ndarray) -> int:
+        """The reader's next positions are ``positions`` (ascending) of pass ``epoch``: act when
+        its window changed; returns how many of them lie in the window of the first."""
+        order = self._order_of(epoch)
+        windows = order.window_of(positions)
+        window = int(windows[0])
+        inside = int(np.searchsorted(windows, window, side="right"))
+        if self._at != (epoch, window):
+            self._at = (epoch, window)
+            self._enter(order, epoch, window)
+        return inside
+
+    def _enter(self, order: WindowedPermutation, epoch: int, window: int) -> None:
+        """Keep and fetch ahead the shards of ``window`` and the next one; let go of the rest."""
+        following = self._order_of(epoch + 1)
+        now = order.shards_of_window(window).tolist()
+        ahead = (order.shards_of_window(window + 1) if window + 1 < order.num_windows
+                 else following.shards_of_window(0)).tolist()
+        keep = set(now) | set(ahead)
+        cache = self._store.cache
+        for shard in cache.pinned():
+            if shard not in keep:
+                self._store.close_shard(shard)
+        for column in self._columns:
+            column.keep_only(keep)
+        this_pass, next_pass, windows = order.shard_windows(), following.shard_windows(), order.num_windows
+
+        def distance(shard: int) -> float:
+            first = int(this_pass[shard])
+            return float(first - window if first >= window else windows - window + int(next_pass[shard]))
+
+        cache.set_next_use(distance)
+        cache.prefetch(now + ahead)

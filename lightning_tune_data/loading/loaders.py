@@ -149,6 +149,12 @@ class MapStyleDocuments(Dataset):
     """
 
     def __init__(self, dataset: Any, dataset_name: str, max_seq_len: int | None = None) -> None:
+        if hasattr(dataset, "open_shard"):
+            raise ValueError(
+                f"Source '{dataset_name}': train_mode 'map' needs the whole store on this node, but it is read shard by "
+                "shard through cache_budget. Use train_mode: stream, or remove cache_budget (the store is then copied "
+                "to this node whole)."
+            )
         self.dataset = dataset
         self.dataset_name = dataset_name
         self.max_seq_len = max_seq_len

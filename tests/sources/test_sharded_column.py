@@ -1,0 +1,87 @@
+"""Reading a store shard by shard through the node cache, and what a reader keeps as it walks windows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_texts, write_jsonl
+
+from lightning_tune_data import LocalDatasetManager, TextDataModule
+from lightning_tune_data.cache.cached_store import CachedStore
+from lightning_tune_data.cache.root import StoreRoot
+from lightning_tune_data.cache.store_files import StoreFiles
+from lightning_tune_data.sources.sharded_column import ShardedColumn, WindowReads
+from lightning_tune_data.sources.windowed_order import WindowedPermutation
+
+pytestmark = pytest.mark.filterwarnings("ignore:Train source .* longer than max_seq_len")
+
+
+@pytest.fixture(scope="module")
+def local_store(tmp_path_factory) -> tuple[Path, list[list[int]]]:
+    """A committed store of 120 documents in 1 KB shards, and its rows as written."""
+    root = tmp_path_factory.mktemp("store")
+    data = write_jsonl(root / "docs.jsonl", make_texts(120, seed=3, min_words=5, max_words=30))
+    datamodule = TextDataModule({"train": {"docs": LocalDatasetManager(data_files=[str(data)])}}, max_seq_len=64,
+                                cache_dir=str(root / "cache"), shard_size="1KB")
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    rows = [list(ids) for ids in datamodule.dataset("train", "docs")["input_ids"]]
+    [folder] = [p.parent for p in (root / "cache").glob("docs-*/_COMPLETE.json")]
+    return folder, rows
+
+
+def cached(folder: Path, node: Path, budget: int = 1 << 30, window: int = 2) -> CachedStore:
+    content = json.loads((folder / "_COMPLETE.json").read_text())
+    files = StoreFiles(StoreRoot(str(folder.parent)), folder.name)
+    return CachedStore(files, content, node / folder.name, budget, window, "source 'docs'")
+
+
+def test_rows_read_shard_by_shard_equal_the_stored_rows(local_store, tmp_path):
+    folder, rows = local_store
+    store = cached(folder, tmp_path)
+    column = ShardedColumn(store, "input_ids", "docs")
+    assert store.num_shards > 4 and len(column) == len(rows)
+    order = np.random.default_rng(0).permutation(len(rows))
+    assert [list(view) for view in column.rows(order)] == [rows[i] for i in order]
+    views, lengths = column.rows_and_lengths(order[:10])
+    assert lengths.tolist() == [len(rows[i]) for i in order[:10]]
+    assert list(column.row(int(order[0]))) == rows[order[0]]
+    assert column.flat() is None  # no flat token array: documents are handed out as views
+
+
+def test_a_column_opens_only_the_shards_its_rows_are_in(local_store, tmp_path):
+    folder, rows = local_store
+    store = cached(folder, tmp_path)
+    column = ShardedColumn(store, "input_ids", "docs")
+    column.rows(np.arange(int(store.shard_starts[1])))  # the first shard's rows
+    assert store.cache.pinned() == [0]
+    assert [p.name for p in store.cache.folder.rglob("*.arrow")] == ["00000.arrow"]
+
+
+def test_a_missing_column_names_the_shard_and_the_fix(local_store, tmp_path):
+    folder, _ = local_store
+    column = ShardedColumn(cached(folder, tmp_path), "loss_mask", "docs")
+    with pytest.raises(KeyError, match="shard 0 of the store has no 'loss_mask' column"):
+        column.row(0)
+
+
+def test_entering_a_window_keeps_this_and_the_next_windows_shards_and_lets_go_of_the_rest(local_store, tmp_path):
+    folder, rows = local_store
+    store = cached(folder, tmp_path, window=2)
+    column = ShardedColumn(store, "input_ids", "docs")
+    order = WindowedPermutation(store.shard_rows, 2, key=1)
+    reads = WindowReads(store, lambda epoch: order, [column])
+    first_window = np.arange(order.window_starts[0], order.window_starts[1])
+    assert reads.moved_to(0, np.arange(len(rows))) == len(first_window)  # a read stops at the window's end
+    column.rows(order(first_window))
+    assert set(store.cache.pinned()) == set(order.shards_of_window(0).tolist())
+    second = order.window_starts[2]
+    reads.moved_to(0, np.arange(second, len(rows)))  # window 2: windows 0 and 1 are let go of
+    assert not set(store.cache.pinned()) & set(order.shards_of_window(0).tolist())
+    windows = order.shard_windows()
+    passed, upcoming = int(order.shards_of_window(0)[0]), int(order.shards_of_window(3)[0])
+    distance = store.cache._next_use  # noqa: SLF001 - what the cache was told about the next uses
+    assert distance(upcoming) == windows[upcoming] - 2 < distance(passed)  # a passed shard is needed next pass

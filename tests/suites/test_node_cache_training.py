@@ -1,0 +1,207 @@
+"""Training from a store in S3 through a bounded node cache, offline: moto's S3 server on 127.0.0.1,
+real s3fs, real dataloader workers and a real Trainer.
+
+The store (two sources in ~1 KB shards) is written to S3 once per test by ``prepare_data`` from a
+writer node; each reader "node" is its own ``local_cache_dir``. A ``cache_budget`` below the
+store's size makes the reader fetch shards on demand, window by window; the tests check the
+budget, determinism, exact resume on a cold node, elastic resume, and the errors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import BatchRecorder, make_texts, write_jsonl
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_tune_data import LocalDatasetManager, TextDataModule
+from lightning_tune_data.cache.cached_store import CachedStore
+from lightning_tune_data.models import TinyCausalLM
+from lightning_tune_data.sources.arrow import ArrowSource
+
+pytestmark = pytest.mark.filterwarnings("ignore:Train source .* longer than max_seq_len")
+ROWS = {"a": 240, "b": 160}
+
+
+@pytest.fixture
+def corpus(tmp_path) -> dict[str, str]:
+    return {name: str(write_jsonl(tmp_path / f"{name}.jsonl", make_texts(rows, seed=len(name) + rows, prefix=name.upper(),
+                                                                        min_words=4, max_words=24)))
+            for name, rows in ROWS.items()}
+
+
+def datamodule(corpus: dict[str, str], s3, node: Path | None, **options: Any) -> TextDataModule:
+    """Sources ``a`` (weight 0.6) and ``b`` over the S3 store (``node``: this node's cache; ``None``:
+    the same data in a local store instead)."""
+    settings = dict(max_seq_len=48, batch_size=4, seed=3, shard_size="1KB", num_workers=0)
+    settings.update(options)
+    managers = {name: LocalDatasetManager(data_files=[path], weight=weight)
+                for (name, path), weight in zip(corpus.items(), (0.6, 0.4))}
+    if node is None:
+        return TextDataModule({"train": managers}, cache_dir=str(Path(corpus["a"]).parent / "local-cache"), **settings)
+    return TextDataModule({"train": managers}, cache_dir=s3.url, storage_options=s3.storage_options,
+                          local_cache_dir=str(node), **settings)
+
+
+def write_store(corpus, s3, tmp_path) -> dict[str, int]:
+    """Write both sources' stores to S3; their sizes in bytes."""
+    writer = datamodule(corpus, s3, tmp_path / "writer")
+    writer.prepare_data()
+    sizes = {}
+    for name in ROWS:
+        [commit] = [key for key in s3.keys() if key.startswith(f"{name}-") and key.endswith("_COMPLETE.json")]
+        content = json.loads(s3.get(commit))
+        sizes[name] = sum(entry["size"] for path, entry in content["files"].items() if path.startswith("shards/"))
+    return sizes
+
+
+def set_up(dm: TextDataModule) -> TextDataModule:
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+def batches(dm: TextDataModule, count: int) -> list[dict[str, torch.Tensor]]:
+    return [{k: v.clone() for k, v in batch.items() if isinstance(v, torch.Tensor)}
+            for batch in itertools.islice(dm.train_dataloader(), count)]
+
+
+def assert_same_batches(left: list[dict], right: list[dict]) -> None:
+    assert len(left) == len(right)
+    for step, (x, y) in enumerate(zip(left, right)):
+        assert x.keys() == y.keys(), step
+        for key in x:
+            assert torch.equal(x[key], y[key]), f"batch {step}, {key}"
+
+
+def shard_gets(s3) -> int:
+    return sum(1 for method, path in s3.requests.log if method == "GET" and s3.prefix in path and "/shards/" in path)
+
+
+# -- reading through a budget -------------------------------------------------------------------------
+@pytest.mark.timeout(300)
+def test_a_quarter_budget_reads_shard_by_shard_within_the_budget_and_gives_the_same_batches_on_every_node(
+        corpus, s3, tmp_path):
+    sizes = write_store(corpus, s3, tmp_path)
+    budget = max(sizes.values()) // 4
+    first = set_up(datamodule(corpus, s3, tmp_path / "node1", cache_budget=budget, num_workers=2, packing="best_fit"))
+    store = first.dataset("train", "a")
+    assert isinstance(store, CachedStore) and store.num_shards >= 16 and store.window >= 1
+    assert not (tmp_path / "node1" / store.cache.files.name).exists()  # nothing was copied whole
+    gets_before = shard_gets(s3)
+    ours = batches(first, 150)
+    fetched = shard_gets(s3) - gets_before
+    for name in ROWS:
+        cache = first.dataset("train", name).cache
+        assert 0 < cache.usage() <= budget
+        assert not list(cache.folder.rglob("*.partial-*"))
+    assert fetched > budget // max(entry["size"] for entry in store.shards)  # more than fits at once: evictions
+
+    again = batches(set_up(datamodule(corpus, s3, tmp_path / "node2", cache_budget=budget, num_workers=2,
+                                      packing="best_fit")), 150)
+    assert_same_batches(ours, again)
+    assert sum(int(b["attention_mask"].sum()) for b in ours) > 0
+
+
+@pytest.mark.timeout(300)
+def test_a_budget_that_holds_the_store_copies_it_whole_and_keeps_the_local_stores_full_shuffle(corpus, s3, tmp_path):
+    sizes = write_store(corpus, s3, tmp_path)
+    whole = set_up(datamodule(corpus, s3, tmp_path / "node", cache_budget=sum(sizes.values()) * 2))
+    assert not isinstance(whole.dataset("train", "a"), CachedStore)
+    assert_same_batches(batches(whole, 60), batches(set_up(datamodule(corpus, s3, None)), 60))
+
+
+@pytest.mark.timeout(300)
+def test_every_row_is_read_once_per_pass_and_an_elastic_resume_on_more_shards_reads_the_rest_once(
+        corpus, s3, tmp_path):
+    sizes = write_store(corpus, s3, tmp_path)
+    store = set_up(datamodule(corpus, s3, tmp_path / "node", cache_budget=sizes["a"] // 4)).dataset("train", "a")
+    old = [ArrowSource(store, "a", seed=3, rank=rank, world_size=2) for rank in range(2)]
+    seen = []
+    for source, count in zip(old, (37, 52)):  # the old layout's shards stopped at different places
+        seen += [doc["source_row"] for doc in itertools.islice(iter(source), count)]
+    merged = old[0].merge_shard_states([source.state_dict() for source in old])
+    new = [ArrowSource(store, "a", seed=3, rank=rank, world_size=3, num_passes=1) for rank in range(3)]
+    for source in new:
+        source.load_global_state(merged)
+        seen += [doc["source_row"] for doc in source]
+    per_pass = ROWS["a"] - ROWS["a"] % 2  # the old layout's pass (n % 2 rows wait for the next pass)
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == per_pass
+
+
+# -- resume -------------------------------------------------------------------------------------------
+def fit(dm: TextDataModule, run_dir: Path, max_steps: int, ckpt_path: str | None = None) -> BatchRecorder:
+    seed_everything(0)
+    recorder = BatchRecorder()
+    trainer = Trainer(accelerator="cpu", max_steps=max_steps, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0, default_root_dir=run_dir,
+                      callbacks=[recorder, ModelCheckpoint(dirpath=run_dir / "ckpt", every_n_train_steps=4,
+                                                           save_top_k=-1)])
+    model = TinyCausalLM(vocab_size=dm.vocab_size, max_seq_len=48, d_model=16, n_layers=1, n_heads=2)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    return recorder
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_resume_on_a_cold_node_continues_with_exactly_the_uninterrupted_batches(corpus, s3, tmp_path):
+    sizes = write_store(corpus, s3, tmp_path)
+    options = dict(cache_budget=max(sizes.values()) // 4, num_workers=2, packing="best_fit")
+    whole = fit(datamodule(corpus, s3, tmp_path / "node", **options), tmp_path / "whole", 12)
+    shutil.rmtree(tmp_path / "node")  # the resumed run starts on a node with nothing cached
+    [checkpoint] = (tmp_path / "whole" / "ckpt").glob("*step=4.ckpt")
+    resumed = fit(datamodule(corpus, s3, tmp_path / "node", **options), tmp_path / "resumed", 12, str(checkpoint))
+    assert resumed.steps == list(range(4, 12))
+    assert_same_batches(whole.batches[4:], resumed.batches)
+
+
+@pytest.mark.timeout(300)
+def test_resuming_with_another_shuffle_window_is_refused_naming_the_saved_window(corpus, s3, tmp_path):
+    sizes = write_store(corpus, s3, tmp_path)
+    budget = max(sizes.values()) // 2
+    first = set_up(datamodule(corpus, s3, tmp_path / "node", cache_budget=budget, shuffle_window=2))
+    batches(first, 3)
+    state = first.state_dict()
+    other = set_up(datamodule(corpus, s3, tmp_path / "node", cache_budget=budget, shuffle_window=3))
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"shuffle window of 2 .*set shuffle_window: 2"):
+        batches(other, 1)
+
+
+# -- errors -------------------------------------------------------------------------------------------
+@pytest.mark.timeout(300)
+def test_a_budget_too_small_for_a_window_and_its_prefetch_fails_in_setup_naming_the_fix(corpus, s3, tmp_path):
+    write_store(corpus, s3, tmp_path)
+    small = datamodule(corpus, s3, tmp_path / "node", cache_budget="1KB")
+    with pytest.raises(ValueError, match=r"cache_budget 1.0 KB cannot hold a shuffle window of 1 shard.*Raise cache_budget"):
+        set_up(small)
+    explicit = datamodule(corpus, s3, tmp_path / "node", cache_budget="8KB", shuffle_window=50)
+    with pytest.raises(ValueError, match="shuffle window of 50 shard.*or lower shuffle_window"):
+        set_up(explicit)
+
+
+def test_train_mode_map_refuses_a_store_read_shard_by_shard(corpus, s3, tmp_path):
+    sizes = write_store(corpus, s3, tmp_path)
+    dm = datamodule(corpus, s3, tmp_path / "node", cache_budget=max(sizes.values()) // 4)
+    dm.dataset_managers["train"].pop("b")
+    dm.train_mode = "map"
+    set_up(dm)
+    with pytest.raises(ValueError, match="train_mode 'map' needs the whole store on this node"):
+        dm.train_dataloader()
+
+
+def test_the_windowed_order_keeps_consecutive_documents_apart_within_a_window(corpus, s3, tmp_path):
+    sizes = write_store(corpus, s3, tmp_path)
+    store = set_up(datamodule(corpus, s3, tmp_path / "node", cache_budget=sizes["a"] // 2)).dataset("train", "a")
+    rows = np.array([doc["source_row"] for doc in ArrowSource(store, "a", seed=3, num_passes=1)])
+    shards = store.shard_of(rows)
+    assert sorted(rows.tolist()) == list(range(len(rows)))
+    assert np.mean(shards[1:] == shards[:-1]) < 0.6  # documents of a window's shards are interleaved

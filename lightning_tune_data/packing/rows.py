@@ -20,13 +20,13 @@ from lightning_tune_data.packing.pieces import LENGTH_AT, SOURCE_AT, token_array
 if TYPE_CHECKING:
     from lightning_tune_data.packing.pack import Pack
 
-__all__ = ["write_rows"]
+__all__ = ["integer_bounds", "write_rows"]
 
 _REFS, _TOKENS = operator.attrgetter("refs"), operator.attrgetter("tokens")
 
 
 @functools.cache
-def _integer_bounds(dtype: np.dtype) -> tuple[int, int]:
+def integer_bounds(dtype: np.dtype) -> tuple[int, int]:
     """The least and greatest value of an integer dtype (``np.iinfo`` costs microseconds per call)."""
     info = np.iinfo(dtype)
     return int(info.min), int(info.max)
@@ -69,7 +69,7 @@ def _joined_rows(packs: Sequence[Pack], width: int, pad_id: int, lengths: Sequen
     if found is None:
         return None
     views, dtype = found
-    low, high = _integer_bounds(dtype)
+    low, high = integer_bounds(dtype)
     if not low <= pad_id <= high:
         return None
     positions = itertools.chain.from_iterable(map(_TOKENS, packs))

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
 from lightning_tune_data.collate import PackedCollator
+from lightning_tune_data.keys import IGNORE_INDEX
 from lightning_tune_data.mixing.interleave import InterleavedDataset
 from lightning_tune_data.packing import progress as packing_progress
 from lightning_tune_data.packing.packer import IterablePackedDataset
@@ -118,3 +121,22 @@ def test_planned_batches_after_an_elastic_resume_equal_the_straightforward_ones(
         packer.load_shard_states(old_states)
         runs.append(_batches(packer, planned, 40))
     _assert_same_batches(*runs)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_planned_batches_count_targets_like_the_labels_when_tokens_equal_the_ignore_index(strategy: str) -> None:
+    # A token id equal to IGNORE_INDEX makes its label look ignored: the bulk path must count
+    # targets from the labels then, not from the pieces' lengths.
+    rng = np.random.default_rng(5)
+    docs = [rng.choice(np.array([IGNORE_INDEX, 1, 2, 3], dtype=np.int32), size=n) for n in rng.integers(1, 50, 200)]
+    table = pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int32()))})
+    limit = None if strategy == "concat" else SEQ
+    runs = []
+    for planned in (True, False):
+        reader = ArrowSource if planned else DocumentsOnly
+        packer = IterablePackedDataset(reader(table, "s0", seed=3, max_seq_len=limit), SEQ, strategy=strategy,
+                                       buffer_size=6, dataset_name="packed")
+        runs.append(_batches(packer, planned, 20))
+    _assert_same_batches(*runs)
+    provenance = runs[0][0][0]["provenance"]
+    assert any(targets < tokens - 1 for targets, tokens in zip(provenance["target_tokens"], provenance["tokens"]))

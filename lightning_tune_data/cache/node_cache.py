@@ -12,7 +12,9 @@ takes the exclusive lock first, so a shard in use by any reader is never evicted
 Room is made under one lock per folder, counting the shards present and the downloads in
 progress. The shard evicted first is the one needed furthest in the future (or not again this
 pass), as the reader that makes room tells from the computed pass order
-(:meth:`NodeShardCache.set_next_use`). A download the reader needs now waits for room while
+(:meth:`NodeShardCache.set_next_use`) for itself and for every other reader of the node
+(:class:`~lightning_tune_data.cache.reader_positions.ReaderPositions`): the shard's next use is
+the soonest any of them needs it. A download the reader needs now waits for room while
 other readers still hold every shard, then goes over the budget with a warning rather than wait
 forever; a prefetch never goes over: it is tried again later.
 """
@@ -22,8 +24,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import queue
-import threading
 import time
 import uuid
 import warnings
@@ -33,6 +33,8 @@ from typing import Any
 
 from filelock import FileLock
 
+from lightning_tune_data.cache.prefetcher import ShardPrefetcher
+from lightning_tune_data.cache.reader_positions import READERS_FOLDER, ReaderPositions
 from lightning_tune_data.cache.shard_fetch import FetchRetries, fetch_shard
 from lightning_tune_data.cache.sizes import human_size
 from lightning_tune_data.cache.store_files import StoreFiles
@@ -47,6 +49,8 @@ _PARTIAL = ".partial-"
 _LOCKS = ".locks"
 #: How long a reader waits for other readers to free room before it goes over the budget.
 ROOM_WAIT_S = 30.0
+#: How often a process waiting for another one's lock looks again.
+_POLL_S = 0.002
 
 
 def _alive(pid: int) -> bool:
@@ -96,16 +100,17 @@ class NodeShardCache:
         self.description = description
         self._index = {entry["path"]: number for number, entry in enumerate(shards)}
         self._pins: dict[int, int] = {}  # shard -> fd holding the shared lock (this process)
-        self._next_use: Callable[[int], float] | None = None
-        self._wanted: queue.Queue[list[int]] | None = None
-        self._thread: threading.Thread | None = None
+        self._distance_from: Callable[[int, int], Callable[[int], float]] | None = None
+        self._position: tuple[int, int] | None = None
+        self._readers = ReaderPositions(self.folder)
+        self._prefetcher: ShardPrefetcher | None = None
         self._warned = False
         self._pid = os.getpid()
         self.downloaded_bytes = 0  # by this process
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pins={}, _next_use=None, _wanted=None, _thread=None, downloaded_bytes=0)
+        state.update(_pins={}, _distance_from=None, _position=None, _prefetcher=None, downloaded_bytes=0)
         return state
 
     def _store(self) -> StoreFiles:
@@ -114,21 +119,32 @@ class NodeShardCache:
         if self._pid != os.getpid():
             self.files = StoreFiles(self.files.root, self.files.name)
             self._pid = os.getpid()
-            self._pins, self._wanted, self._thread, self.downloaded_bytes = {}, None, None, 0
+            self._pins, self._prefetcher, self.downloaded_bytes = {}, None, 0
         return self.files
 
     def path(self, shard: int) -> Path:
         """Where shard ``shard`` lives on this node (when it is there)."""
         return self.folder / self.shards[shard]["path"]
 
-    def set_next_use(self, distance: Callable[[int], float]) -> None:
-        """Tell the cache how far away each shard's next use is (larger: evicted sooner).
+    def set_next_use(self, distance_from: Callable[[int, int], Callable[[int], float]], epoch: int, window: int) -> None:
+        """Tell the cache where this reader is and how far away each shard's next use is from any
+        position (larger: evicted sooner); the position is shared with the node's other readers.
 
         Args:
-            distance: from a shard's number to how far in the pass order its next use lies
-                (``float("inf")`` for never).
+            distance_from: from a position (pass, window) to a function from a shard's number to
+                how far in the pass order its next use lies.
+            epoch, window: this reader's position.
         """
-        self._next_use = distance
+        self._distance_from = distance_from
+        self._position = (int(epoch), int(window))
+        self._readers.publish(epoch, window)
+
+    def _next_use(self) -> Callable[[int], float]:
+        """Each shard's soonest next use by any reader of the node."""
+        if self._distance_from is None or self._position is None:
+            return lambda shard: 0.0
+        distances = [self._distance_from(*position) for position in {self._position, *self._readers.others()}]
+        return lambda shard: min(distance(shard) for distance in distances)
 
     # -- reading ---------------------------------------------------------------------------
     def acquire(self, shard: int) -> Path:
@@ -142,6 +158,8 @@ class NodeShardCache:
         if shard in self._pins:
             return self.path(shard)
         while True:
+            if self._prefetcher is not None:
+                self._prefetcher.wait_for(shard)
             self._ensure(shard, must=True)
             path = self.path(shard)
             try:
@@ -166,30 +184,14 @@ class NodeShardCache:
         return sorted(self._pins)
 
     def prefetch(self, shards: list[int]) -> None:
-        """Download ``shards`` in the background, in order, as far as the budget allows now
-        (replaces the previous request)."""
+        """Download ``shards`` in the background, in the order given, as far as the budget allows
+        now (replaces the previous request)."""
         self._store()
         missing = [shard for shard in shards if not self.path(shard).exists()]
-        if not missing:
-            return
-        if self._thread is None or not self._thread.is_alive():
-            self._wanted = queue.Queue()
-            self._thread = threading.Thread(target=self._prefetch_loop, name="shard-prefetch", daemon=True)
-            self._thread.start()
-        self._wanted.put(missing)
-
-    def _prefetch_loop(self) -> None:
-        while True:
-            shards = self._wanted.get()
-            while not self._wanted.empty():  # only the latest request matters
-                shards = self._wanted.get()
-            for shard in shards:
-                try:
-                    if not self._ensure(shard, must=False):
-                        break  # no room now: asked again when the reader moves on
-                except Exception as error:  # noqa: BLE001 - the reader fetches it itself and reports the error
-                    log.debug("%s: prefetching %s failed: %s", self.description, self.shards[shard]["path"], error)
-                    break
+        if missing:
+            if self._prefetcher is None:
+                self._prefetcher = ShardPrefetcher(lambda shard: self._ensure(shard, must=False))
+            self._prefetcher.want(missing)
 
     # -- room ------------------------------------------------------------------------------
     def usage(self) -> int:
@@ -201,7 +203,7 @@ class NodeShardCache:
         partial files of processes that died are removed."""
         found = []
         for directory, _, names in os.walk(self.folder):
-            if _LOCKS in Path(directory).parts:
+            if _LOCKS in Path(directory).parts or READERS_FOLDER in Path(directory).parts:
                 continue
             for name in names:
                 path = Path(directory) / name
@@ -229,7 +231,7 @@ class NodeShardCache:
         used = sum(size for _, _, size in contents)
         if used + size <= self.budget:
             return True
-        distance = self._next_use or (lambda shard: 0.0)
+        distance = self._next_use()
         present = sorted((item for item in contents if item[1] is not None), key=lambda item: -distance(item[1]))
         for path, shard, shard_size in present:
             fd = _try_exclusive(path)
@@ -253,14 +255,14 @@ class NodeShardCache:
         entry = self.shards[shard]
         locks = self.folder / _LOCKS
         locks.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(locks / (entry["path"].replace("/", "__") + ".lock"))):
+        with FileLock(str(locks / (entry["path"].replace("/", "__") + ".lock"))).acquire(poll_interval=_POLL_S):
             if target.exists():
                 return True  # another process downloaded it meanwhile
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(f"{target.name}{_PARTIAL}{os.getpid()}-{uuid.uuid4().hex[:8]}")
             waited_until = time.monotonic() + ROOM_WAIT_S
             while True:
-                with FileLock(str(locks / "room.lock")):
+                with FileLock(str(locks / "room.lock")).acquire(poll_interval=_POLL_S):
                     if self._make_room(int(entry["size"])) or (must and time.monotonic() > waited_until):
                         partial.touch()  # the reservation: counted by every process from now on
                         break

@@ -7,7 +7,8 @@ no flat view of all tokens, so a packer takes each document as a view.
 
 :class:`WindowReads` is what a reader tells the cache as it walks a pass: entering a window of
 the two-level order, it keeps (pins) the shards of this window and the next, fetches the ones
-still missing in the background, lets go of the rest, and tells the cache each shard's next use
+still missing in the background (and those of the windows after, within half of the budget),
+lets go of the rest, and tells the cache each shard's next use
 (its window from here on, this pass or the next) so the cache evicts the one needed furthest away.
 """
 
@@ -111,24 +112,38 @@ class WindowReads:
             self._enter(order, epoch, window)
         return inside
 
-    def _enter(self, order: WindowedPermutation, epoch: int, window: int) -> None:
-        """Keep and fetch ahead the shards of ``window`` and the next one; let go of the rest."""
-        following = self._order_of(epoch + 1)
-        now = order.shards_of_window(window).tolist()
-        ahead = (order.shards_of_window(window + 1) if window + 1 < order.num_windows
-                 else following.shards_of_window(0)).tolist()
-        keep = set(now) | set(ahead)
-        cache = self._store.cache
-        for shard in cache.pinned():
-            if shard not in keep:
-                self._store.close_shard(shard)
-        for column in self._columns:
-            column.keep_only(keep)
+    def _distances(self, epoch: int, window: int) -> Callable[[int], float]:
+        """From a reader at ``window`` of pass ``epoch``: each shard's next use, in windows (its
+        window later in this pass, or in the next pass)."""
+        order, following = self._order_of(epoch), self._order_of(epoch + 1)
         this_pass, next_pass, windows = order.shard_windows(), following.shard_windows(), order.num_windows
 
         def distance(shard: int) -> float:
             first = int(this_pass[shard])
             return float(first - window if first >= window else windows - window + int(next_pass[shard]))
 
-        cache.set_next_use(distance)
-        cache.prefetch(now + ahead)
+        return distance
+
+    def _enter(self, order: WindowedPermutation, epoch: int, window: int) -> None:
+        """Keep the shards of ``window`` and the next one, let go of the rest, and fetch ahead the
+        shards of the windows that follow while they take at most half of the budget."""
+        following = self._order_of(epoch + 1)
+        upcoming = [order.shards_of_window(w).tolist() for w in range(window, order.num_windows)]
+        upcoming += [following.shards_of_window(w).tolist() for w in range(following.num_windows)]
+        keep = set(upcoming[0]) | set(upcoming[1] if len(upcoming) > 1 else [])
+        cache = self._store.cache
+        for shard in cache.pinned():
+            if shard not in keep:
+                self._store.close_shard(shard)
+        for column in self._columns:
+            column.keep_only(keep)
+        cache.set_next_use(self._distances, epoch, window)
+        wanted, room, seen = [], cache.budget // 2, set()
+        for number, shards in enumerate(upcoming):
+            size = sum(int(self._store.shards[shard]["size"]) for shard in shards if shard not in seen)
+            if number >= 2 and size > room:
+                break
+            room -= size
+            wanted += [shard for shard in shards if shard not in seen]
+            seen.update(shards)
+        cache.prefetch(wanted)

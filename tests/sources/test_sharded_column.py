@@ -83,5 +83,5 @@ def test_entering_a_window_keeps_this_and_the_next_windows_shards_and_lets_go_of
     assert not set(store.cache.pinned()) & set(order.shards_of_window(0).tolist())
     windows = order.shard_windows()
     passed, upcoming = int(order.shards_of_window(0)[0]), int(order.shards_of_window(3)[0])
-    distance = store.cache._next_use  # noqa: SLF001 - what the cache was told about the next uses
+    distance = store.cache._next_use()  # noqa: SLF001 - what the cache was told about the next uses
     assert distance(upcoming) == windows[upcoming] - 2 < distance(passed)  # a passed shard is needed next pass

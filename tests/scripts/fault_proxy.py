@@ -124,6 +124,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    block_on_close = False
     proxy: FaultProxy
 
 
@@ -140,7 +141,7 @@ class FaultProxy:
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.proxy = self
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="fault-proxy", daemon=True)
         self._thread.start()
 
     def add(self, *faults: Fault) -> None:

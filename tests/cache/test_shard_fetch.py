@@ -61,9 +61,9 @@ def test_a_503_is_retried_with_doubling_backoff_and_the_shard_arrives_verified(s
     target = tmp_path / "shard.arrow"
 
     started = time.monotonic()
-    fetch_shard(files, entry["path"], entry, target, FetchRetries(max_retries=3, backoff_s=0.1, max_backoff_s=1.0))
+    fetch_shard(files, entry["path"], entry, target, FetchRetries(max_retries=3, backoff_s=0.2, max_backoff_s=1.0))
 
-    assert time.monotonic() - started >= 0.1 + 0.2  # waited 0.1 s, then 0.2 s
+    assert time.monotonic() - started >= 0.2 + 0.4  # waited 0.2 s, then twice that
     assert target.read_bytes() == data
     assert fault_proxy.gets(entry["path"]) == 3
 

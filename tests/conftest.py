@@ -175,3 +175,19 @@ def s3(s3_server, monkeypatch, request) -> S3Place:
                     uuid.uuid4().hex[:8], requests_seen)
     place.client.create_bucket(Bucket=bucket)
     return place
+
+
+@pytest.fixture
+def fault_proxy(s3_server):
+    """A fault-injecting proxy in front of the test S3 server (``tests/scripts/fault_proxy.py``),
+    for this test only: give s3fs its ``url`` as ``endpoint_url``; ``add`` faults; count ``gets``."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+    from fault_proxy import FaultProxy
+
+    proxy = FaultProxy(s3_server[0])
+    try:
+        yield proxy
+    finally:
+        proxy.close()

@@ -80,6 +80,18 @@ def _disk_full(target: Path, size: int) -> LocalDiskFullError:
 def _download(files: StoreFiles, relative: str, size: int, target: Path, retries: FetchRetries,
               on_bytes: Callable[[int], None] | None) -> tuple[int, str]:
     """Write the shard's bytes to ``target``; its size and checksum as they arrived."""
+    try:
+        return _write_ranges(files, relative, size, target, retries, on_bytes)
+    except OSError as error:
+        # Anywhere in the write, the final flush, or closing the file: a write buffered by
+        # ``open`` fails only when it is flushed, which may be on close.
+        if error.errno == errno.ENOSPC and not isinstance(error, LocalDiskFullError):
+            raise _disk_full(target, size) from None
+        raise
+
+
+def _write_ranges(files: StoreFiles, relative: str, size: int, target: Path, retries: FetchRetries,
+                  on_bytes: Callable[[int], None] | None) -> tuple[int, str]:
     digest = xxhash.xxh3_128()
     written = 0
     with open(target, "wb") as handle:
@@ -105,25 +117,15 @@ def _download(files: StoreFiles, relative: str, size: int, target: Path, retries
                     failures += 1
             if not chunk:
                 break
-            try:
-                handle.write(chunk)
-            except OSError as error:
-                if error.errno == errno.ENOSPC:
-                    raise _disk_full(target, size) from None
-                raise
+            handle.write(chunk)
             digest.update(chunk)
             written += len(chunk)
             if on_bytes is not None:
                 on_bytes(len(chunk))
             if len(chunk) < end - start:  # the storage has fewer bytes than recorded
                 break
-        try:
-            handle.flush()
-            os.fsync(handle.fileno())
-        except OSError as error:
-            if error.errno == errno.ENOSPC:
-                raise _disk_full(target, size) from None
-            raise
+        handle.flush()
+        os.fsync(handle.fileno())
     return written, digest.hexdigest()
 
 

@@ -18,6 +18,7 @@ import xxhash
 
 from lightning_tune_data.cache import node_cache, shard_fetch
 from lightning_tune_data.cache.node_cache import NodeShardCache
+from lightning_tune_data.cache.reader_positions import ReaderPositions
 from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.shard_fetch import FetchRetries, ShardCorruptError
 from lightning_tune_data.cache.store_files import StoreFiles
@@ -215,13 +216,41 @@ def test_eviction_removes_the_unpinned_shard_whose_next_use_is_furthest(s3, faul
         cache.acquire(shard)
         if shard != pinned:
             cache.release(shard)
-    cache.set_next_use(distance.get)
+    cache.set_next_use(lambda epoch, window: distance.get, 0, 0)
 
     cache.acquire(3)
 
     assert [cache.path(shard).exists() for shard in range(4)] == [shard != evicted for shard in range(4)]
     assert cache.usage() == 30_000
     assert all(cache.path(shard).read_bytes() == blobs[shard] for shard in range(4) if shard != evicted)
+
+
+def _publish_and_wait(folder: str, ready, done) -> None:  # noqa: ANN001
+    ReaderPositions(Path(folder)).publish(0, 0)
+    ready.set()
+    done.wait(30)
+
+
+def test_eviction_spares_a_shard_another_reader_of_the_node_needs_soon(s3, fault_proxy, tmp_path):
+    entries, _ = put_random_shards(s3, STORE, [10_000] * 4)
+    cache = node_cache_of(s3, fault_proxy, tmp_path / "node", entries, budget=30_000)
+    for shard in range(3):
+        cache.acquire(shard)
+        cache.release(shard)
+    from_window = {0: {0: 0.5, 1: 9.0, 2: 9.0}, 1: {0: 9.0, 1: 2.0, 2: 1.0}}  # distances seen from each window
+    context = multiprocessing.get_context("fork")
+    ready, done = context.Event(), context.Event()
+    other = context.Process(target=_publish_and_wait, args=(str(cache.folder), ready, done))
+    other.start()
+    try:
+        assert ready.wait(30)
+        cache.set_next_use(lambda epoch, window: from_window[window].get, 0, 1)  # this reader is at window 1
+        cache.acquire(3)
+    finally:
+        done.set()
+        other.join(30)
+    # alone, this reader would evict shard 0 (its next use is furthest); the other reader needs it next
+    assert [cache.path(shard).exists() for shard in range(4)] == [True, False, True, True]
 
 
 def test_a_shard_evicted_while_a_reader_waits_to_pin_it_is_downloaded_again(s3, fault_proxy, tmp_path):

@@ -13,6 +13,9 @@ only say what would go). A cache is **stale** when it can never be used again as
   downloads), read only while a cache is being built; removing it costs a re-conversion (or a
   re-download) at the next build, never a finished cache.
 
+A node's shard cache of a remote store read through ``cache_budget`` (``shard-cache/<store>``) is
+listed per store and never stale: evicting keeps it within its budget; ``clean --all`` removes it.
+
 Caches of the same source built with another tokenizer or preprocessing are *not* stale: a
 config using those settings reuses them.
 """
@@ -32,6 +35,7 @@ from pathlib import Path
 from lightning_tune_data.cache.checksums import FILE_HASH_MEMO
 from lightning_tune_data.cache.layout import DOWNLOAD_FOLDER, is_orphan_lock, is_temporary_folder, lock_path
 from lightning_tune_data.cache.marker import COMPLETE_MARKER, read_cache_metadata
+from lightning_tune_data.cache.node_cache import NODE_CACHE_FOLDER
 from lightning_tune_data.cache.records import changed_data_file
 from lightning_tune_data.cache.sizes import human_size, tree_size
 from lightning_tune_data.cache.root import StoreRoot
@@ -101,6 +105,10 @@ def scan(root: str | os.PathLike[str]) -> list[CacheEntry]:
         if path.name == DOWNLOAD_FOLDER and path.is_dir():
             entries.append(CacheEntry(path, tree_size(path), "(datasets library)", path.stat().st_mtime,
                                       "intermediate files of the datasets library, only read while building"))
+            continue
+        if path.name == NODE_CACHE_FOLDER and path.is_dir():
+            entries += [CacheEntry(store, tree_size(store), "(node shard cache)", store.stat().st_mtime, None,
+                                   f"shards of {store.name}, within cache_budget") for store in sorted(path.iterdir())]
             continue
         if is_temporary_folder(path):
             entries.append(CacheEntry(path, tree_size(path), "?", path.stat().st_mtime,

@@ -113,3 +113,18 @@ def test_list_tells_apart_same_named_train_and_val_caches_and_offers_no_clean_wh
     assert output.splitlines()[0].split() == ["CACHE", "SIZE", "SOURCE", "DATA", "BUILT", "STATUS"]
     assert output.rstrip().endswith("nothing stale.")
     assert "0 stale" not in output and "cache clean" not in output
+
+
+def test_a_node_shard_cache_is_listed_per_store_kept_by_clean_and_removed_by_clean_all(tmp_path):
+    node = tmp_path / "node"
+    shard = node / "shard-cache" / "notes-0123456789abcdef" / "shards" / "task-00000-of-00001" / "00000.arrow"
+    shard.parent.mkdir(parents=True)
+    shard.write_bytes(b"x" * 2000)
+    [entry] = scan(node)
+    assert (entry.path.name, entry.source, entry.stale, entry.size) == ("notes-0123456789abcdef", "(node shard cache)",
+                                                                        None, 2000)
+    assert "(node shard cache)" in cli("list", "--cache_dir", str(node)).stdout
+    cli("clean", "--cache_dir", str(node))
+    assert shard.exists()
+    cli("clean", "--cache_dir", str(node), "--all")
+    assert not shard.exists() and scan(node) == []

@@ -205,3 +205,46 @@ def test_the_windowed_order_keeps_consecutive_documents_apart_within_a_window(co
     shards = store.shard_of(rows)
     assert sorted(rows.tolist()) == list(range(len(rows)))
     assert np.mean(shards[1:] == shards[:-1]) < 0.6  # documents of a window's shards are interleaved
+
+
+# -- two ranks of one node ----------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_two_ddp_ranks_of_a_node_share_its_shard_cache_and_download_each_shard_once_in_a_pass(corpus, s3, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import S3_ENV
+
+    sizes = write_store(corpus, s3, tmp_path)
+    budget = max(sizes.values()) // 3
+    managers = {name: {"class_path": "lightning_tune_data.LocalDatasetManager",
+                       "init_args": {"data_files": [path], "weight": weight}}
+                for (name, path), weight in zip(corpus.items(), (0.6, 0.4))}
+    config = {"data": {"max_seq_len": 48, "batch_size": 4, "seed": 3, "shard_size": "1KB", "num_workers": 1,
+                       "cache_dir": s3.url, "storage_options": s3.storage_options,
+                       "local_cache_dir": str(tmp_path / "node"), "cache_budget": budget,
+                       "dataset_managers": {"train": managers}}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "node_cache_ddp_fit.py"
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, **S3_ENV, "PYTHONPATH": str(repo)}
+    before = {}
+    for method, path in s3.requests.log:
+        if method == "GET" and "/shards/" in path and s3.prefix in path:
+            before[path] = before.get(path, 0) + 1
+    steps = 20  # 2 ranks x 4 documents x 20 steps = 160: less than a pass of either source
+    result = subprocess.run([sys.executable, str(script), str(tmp_path / "config.json"), str(tmp_path), str(steps)],
+                            env=env, capture_output=True, text=True, timeout=380)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [rank["steps"] for rank in ranks] == [steps, steps]
+    assert ranks[0]["caches"]["a"]["folder"] == ranks[1]["caches"]["a"]["folder"]  # one cache per node
+    assert all(0 < cache["usage"] <= cache["budget"] for rank in ranks for cache in rank["caches"].values())
+    gets: dict[str, int] = {}
+    for method, path in s3.requests.log:
+        if method == "GET" and "/shards/" in path and s3.prefix in path:
+            gets[path] = gets.get(path, 0) + 1
+    fetched = {path: count - before.get(path, 0) for path, count in gets.items() if count > before.get(path, 0)}
+    assert fetched and max(fetched.values()) == 1, fetched  # every shard reached this node once

@@ -33,6 +33,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from lightning_tune_data.cache.layout import process_alive
 from lightning_tune_data.cache.prefetcher import ShardPrefetcher
 from lightning_tune_data.cache.reader_positions import READERS_FOLDER, ReaderPositions
 from lightning_tune_data.cache.shard_fetch import FetchRetries, fetch_shard
@@ -51,16 +52,6 @@ _LOCKS = ".locks"
 ROOM_WAIT_S = 30.0
 #: How often a process waiting for another one's lock looks again.
 _POLL_S = 0.002
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _try_exclusive(path: Path) -> int | None:
@@ -210,7 +201,7 @@ class NodeShardCache:
                 relative = path.relative_to(self.folder).as_posix()
                 if _PARTIAL in name:
                     owner = name.rsplit(_PARTIAL, 1)[1].split("-", 1)[0]
-                    if owner.isdigit() and not _alive(int(owner)):
+                    if owner.isdigit() and not process_alive(int(owner)):
                         path.unlink(missing_ok=True)
                         continue
                     shard = self._index.get(relative.rsplit(_PARTIAL, 1)[0])

@@ -13,20 +13,12 @@ import json
 import os
 from pathlib import Path
 
+from lightning_tune_data.cache.layout import process_alive
+
 __all__ = ["READERS_FOLDER", "ReaderPositions"]
 
 #: Folder of a shard cache holding one position file per reading process.
 READERS_FOLDER = ".readers"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ReaderPositions:
@@ -56,7 +48,7 @@ class ReaderPositions:
             pid = int(path.stem) if path.stem.isdigit() else -1
             if pid == os.getpid():
                 continue
-            if pid < 0 or not _alive(pid):
+            if pid < 0 or not process_alive(pid):
                 path.unlink(missing_ok=True)
                 continue
             try:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 
+from lightning_tune_data.cache.layout import process_alive
 from lightning_tune_data.cache.mirror import publish_task
 from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.store_files import StoreFiles, store_folders
@@ -51,16 +52,6 @@ def _check_task_count(files: StoreFiles, num_tasks: int, description: str, root:
         )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _staging_folder(root: StoreRoot, name: str, task_index: int, num_tasks: int) -> Path:
     """A fresh local folder for the task's output; leftovers of this task's killed runs on this
     machine (their process is gone) are removed first."""
@@ -68,7 +59,7 @@ def _staging_folder(root: StoreRoot, name: str, task_index: int, num_tasks: int)
     prefix = f".{name}.task-{task_index}-of-{num_tasks}.tmp-"
     for leftover in root.local_dir.glob(prefix + "*"):
         pid = leftover.name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(leftover, ignore_errors=True)
     folder = root.local_dir / f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     folder.mkdir()

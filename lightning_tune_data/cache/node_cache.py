@@ -47,6 +47,10 @@ _PARTIAL = ".partial-"
 _LOCKS = ".locks"
 #: How long a reader waits for other readers to free room before it goes over the budget.
 ROOM_WAIT_S = 30.0
+#: How often a process waiting for a shard's lock (another process or the prefetch thread is
+#: downloading it) tries again: filelock's default, 50 ms, stalled a reader entering a window whose
+#: shards were still arriving by up to 50 ms per shard.
+LOCK_POLL_S = 0.002
 
 
 def _alive(pid: int) -> bool:
@@ -253,14 +257,14 @@ class NodeShardCache:
         entry = self.shards[shard]
         locks = self.folder / _LOCKS
         locks.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(locks / (entry["path"].replace("/", "__") + ".lock"))):
+        with FileLock(str(locks / (entry["path"].replace("/", "__") + ".lock"))).acquire(poll_interval=LOCK_POLL_S):
             if target.exists():
                 return True  # another process downloaded it meanwhile
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(f"{target.name}{_PARTIAL}{os.getpid()}-{uuid.uuid4().hex[:8]}")
             waited_until = time.monotonic() + ROOM_WAIT_S
             while True:
-                with FileLock(str(locks / "room.lock")):
+                with FileLock(str(locks / "room.lock")).acquire(poll_interval=LOCK_POLL_S):
                     if self._make_room(int(entry["size"])) or (must and time.monotonic() > waited_until):
                         partial.touch()  # the reservation: counted by every process from now on
                         break

@@ -10,6 +10,7 @@ them) and opens a shard only when a reader asks for one of its rows, through a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,14 @@ class CachedStore:
         self.shard_rows = np.array([int(entry["rows"]) for entry in self.shards], dtype=np.int64)
         self.shard_starts = np.concatenate([[0], np.cumsum(self.shard_rows)]).astype(np.int64)
         self.cache = NodeShardCache(files, folder, self.shards, budget, retries, description)
+        # this process's mappings: shard -> (inode, table, readers of its columns)
+        self._mapped: dict[int, tuple[int, pa.Table, dict[str, Any]]] = {}
+        self.cache.on_evict = self._unmap
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_mapped"] = {}
+        return state
 
     def __len__(self) -> int:
         return int(self.shard_starts[-1])
@@ -102,10 +111,43 @@ class CachedStore:
 
     def open_shard(self, shard: int) -> pa.Table:
         """Shard ``shard``'s table, memory-mapped from the node cache (fetched first when missing;
-        pinned until :meth:`close_shard`)."""
+        pinned until :meth:`close_shard`). A shard this process mapped before and that is still
+        the same file is not mapped again (the next pass reads it at no cost)."""
         path = self.cache.acquire(shard)
-        with pa.memory_map(str(path)) as source:
-            return pa.ipc.open_stream(source).read_all()
+        inode = path.stat().st_ino
+        mapped = self._mapped.get(shard)
+        if mapped is None or mapped[0] != inode:
+            with pa.memory_map(str(path)) as source:
+                mapped = self._mapped[shard] = (inode, pa.ipc.open_stream(source).read_all(), {})
+        return mapped[1]
+
+    def reader(self, shard: int, name: str, make: Callable[[pa.Table], Any]) -> Any:
+        """What ``make`` builds from shard ``shard``'s table for column ``name`` (e.g. a column
+        reader), built once per mapping of the shard (see :meth:`open_shard`)."""
+        table = self.open_shard(shard)
+        readers = self._mapped[shard][2]
+        if name not in readers:
+            readers[name] = make(table)
+        return readers[name]
+
+    def _unmap(self, shard: int) -> None:
+        """Forget this process's mapping of an evicted shard (its disk space is freed once the
+        views handed out of it are dropped)."""
+        self._mapped.pop(shard, None)
+
+    def unmap_evicted(self) -> None:
+        """Drop the mappings of shards that are not pinned and whose file was evicted by any
+        process of the node."""
+        pinned = set(self.cache.pinned())
+        for shard, (inode, _, _) in list(self._mapped.items()):
+            if shard in pinned:
+                continue
+            try:
+                same = self.cache.path(shard).stat().st_ino == inode
+            except FileNotFoundError:
+                same = False
+            if not same:
+                self._unmap(shard)
 
     def close_shard(self, shard: int) -> None:
         """Let the cache evict shard ``shard`` (views into it stay valid)."""

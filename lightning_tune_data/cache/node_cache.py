@@ -95,6 +95,8 @@ class NodeShardCache:
         self._position: tuple[int, int] | None = None
         self._readers = ReaderPositions(self.folder)
         self._prefetcher: ShardPrefetcher | None = None
+        #: Called with a shard's number when this process evicts it (its mappings are then dropped).
+        self.on_evict: Callable[[int], None] | None = None
         self._warned = False
         self._pid = os.getpid()
         self.downloaded_bytes = 0  # by this process
@@ -233,6 +235,8 @@ class NodeShardCache:
             finally:
                 os.close(fd)
             log.debug("%s: evicted %s", self.description, self.shards[shard]["path"])
+            if self.on_evict is not None:
+                self.on_evict(shard)
             used -= shard_size
             if used + size <= self.budget:
                 return True

@@ -38,7 +38,7 @@ class ShardedColumn:
         self._store = store
         self._name = name
         self._source = source
-        self._shards: dict[int, ListColumn] = {}
+        self._shards: dict[int, ListColumn] = {}  # the shards being read (pinned)
 
     def __len__(self) -> int:
         return len(self._store)
@@ -46,15 +46,18 @@ class ShardedColumn:
     def _shard(self, shard: int) -> ListColumn:
         column = self._shards.get(shard)
         if column is None:
-            table = self._store.open_shard(shard)
-            if self._name not in table.column_names:
-                raise KeyError(f"Source '{self._source}': shard {shard} of the store has no '{self._name}' column "
-                               f"(columns: {table.column_names}); the store is damaged, prepare it again.")
-            column = self._shards[shard] = ListColumn(table.column(self._name), self._name, self._source)
+            column = self._shards[shard] = self._store.reader(shard, self._name, self._column_of)
         return column
 
+    def _column_of(self, table: Any) -> ListColumn:
+        if self._name not in table.column_names:
+            raise KeyError(f"Source '{self._source}': a shard of the store has no '{self._name}' column (columns: "
+                           f"{table.column_names}); the store is damaged, prepare it again.")
+        return ListColumn(table.column(self._name), self._name, self._source)
+
     def keep_only(self, shards: set[int]) -> None:
-        """Forget the open shards not in ``shards`` (views already handed out stay valid)."""
+        """Stop reading the open shards not in ``shards`` (they are opened again, pinned, when
+        read again; views already handed out stay valid)."""
         for shard in [shard for shard in self._shards if shard not in shards]:
             del self._shards[shard]
 
@@ -135,6 +138,7 @@ class WindowReads:
         for shard in cache.pinned():
             if shard not in keep:
                 self._store.close_shard(shard)
+        self._store.unmap_evicted()
         for column in self._columns:
             column.keep_only(keep)
         cache.set_next_use(self._distances, epoch, window)

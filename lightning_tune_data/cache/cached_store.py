@@ -109,22 +109,38 @@ class CachedStore:
         """The shard of each row."""
         return np.searchsorted(self.shard_starts, rows, side="right") - 1
 
-    def open_shard(self, shard: int) -> pa.Table:
-        """Shard ``shard``'s table, memory-mapped from the node cache (fetched first when missing;
-        pinned until :meth:`close_shard`). A shard this process mapped before and that is still
-        the same file is not mapped again (the next pass reads it at no cost)."""
-        path = self.cache.acquire(shard)
-        inode = path.stat().st_ino
+    def open_shard(self, shard: int, pin: bool = True) -> pa.Table:
+        """Shard ``shard``'s table, memory-mapped from the node cache (fetched first when missing).
+
+        A shard this process mapped before and that is still the same file is not mapped again
+        (the next pass reads it at no cost).
+
+        Args:
+            shard: the shard's number.
+            pin: keep it from eviction until :meth:`close_shard`; without, a mapping this
+                process still has is used as it is (a mapping stays valid after its file is
+                evicted), else the shard is fetched, mapped and let go of at once: for a
+                document read again after its window (held in a pack), which must not hold
+                the cache's room.
+        """
         mapped = self._mapped.get(shard)
-        if mapped is None or mapped[0] != inode:
-            with pa.memory_map(str(path)) as source:
-                mapped = self._mapped[shard] = (inode, pa.ipc.open_stream(source).read_all(), {})
+        if not pin and mapped is not None:
+            return mapped[1]
+        path = self.cache.acquire(shard)
+        try:
+            inode = path.stat().st_ino
+            if mapped is None or mapped[0] != inode:
+                with pa.memory_map(str(path)) as source:
+                    mapped = self._mapped[shard] = (inode, pa.ipc.open_stream(source).read_all(), {})
+        finally:
+            if not pin:
+                self.cache.release(shard)
         return mapped[1]
 
-    def reader(self, shard: int, name: str, make: Callable[[pa.Table], Any]) -> Any:
+    def reader(self, shard: int, name: str, make: Callable[[pa.Table], Any], pin: bool = True) -> Any:
         """What ``make`` builds from shard ``shard``'s table for column ``name`` (e.g. a column
-        reader), built once per mapping of the shard (see :meth:`open_shard`)."""
-        table = self.open_shard(shard)
+        reader), built once per mapping of the shard (``pin``: see :meth:`open_shard`)."""
+        table = self.open_shard(shard, pin)
         readers = self._mapped[shard][2]
         if name not in readers:
             readers[name] = make(table)

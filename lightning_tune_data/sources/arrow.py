@@ -39,6 +39,7 @@ from lightning_tune_data.distributed import ShardInfo, current_shard
 from lightning_tune_data.keys import INPUT_IDS, OVERLONG_POLICIES, OverlongPolicy
 from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.arrow_iteration import ROWS_PER_STEP, shard_documents
+from lightning_tune_data.sources.arrow_columns import FlatColumn
 from lightning_tune_data.sources.arrow_rows import ArrowRows
 from lightning_tune_data.sources.arrow_state import ArrowSourceState
 from lightning_tune_data.sources.base import TuneIterableDataset
@@ -253,19 +254,25 @@ class ArrowSource(TuneIterableDataset):
         return None
 
     def flat_tokens(self) -> np.ndarray:
-        """The ``input_ids`` column's values as one flat array (what a block's positions index)."""
+        """The ``input_ids`` column's values as one flat array (what a block's positions index;
+        for a store read shard by shard, an object whose slices are arrays)."""
         self._rows.open()
         flat = self._rows.input_ids.flat()
         if flat is None:
             raise TypeError(f"Source '{self._name}': the '{INPUT_IDS}' values are not null-free integers.")
         return flat.values
 
-    def flat_view(self) -> tuple[memoryview, np.dtype]:
-        """:meth:`flat_tokens` as a memoryview, and its dtype (made once per process: the packed
-        collator joins every batch's rows from it)."""
+    def flat_view(self) -> tuple[Any, np.dtype]:
+        """:meth:`flat_tokens` as a memoryview (slices of one, for a store read shard by shard),
+        and its dtype (made once per process: the packed collator joins every batch's rows from it)."""
         if self._flat_view is None:
-            flat = self.flat_tokens()
-            self._flat_view = (memoryview(flat), flat.dtype)
+            self._rows.open()
+            flat = self._rows.input_ids.flat()
+            if isinstance(flat, FlatColumn) or flat is None:
+                tokens = self.flat_tokens()
+                self._flat_view = (memoryview(tokens), tokens.dtype)
+            else:
+                self._flat_view = (flat.views, flat.dtype)
         return self._flat_view
 
     def state_after_block(self, block: DocumentBlock, documents: int) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 :class:`ShardedColumn` reads rows of one list column of a
 :class:`~lightning_tune_data.cache.cached_store.CachedStore` as zero-copy views, opening a shard
-(fetching it into the node cache when missing) the first time one of its rows is read. It has
-no flat view of all tokens, so a packer takes each document as a view.
+(fetching it into the node cache when missing) the first time one of its rows is read; its flat
+view (:class:`~lightning_tune_data.sources.sharded_tokens.ShardedFlat`) addresses every shard's
+tokens, so a packer keeps documents as positions, as for a store on this node.
 
 :class:`WindowReads` is what a reader tells the cache as it walks a pass: entering a window of
 the two-level order, it keeps (pins) the shards of this window and the next, fetches the ones
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from lightning_tune_data.sources.arrow_columns import ListColumn
+from lightning_tune_data.sources.sharded_tokens import ShardedFlat
 from lightning_tune_data.sources.windowed_order import WindowedPermutation
 
 __all__ = ["ShardedColumn", "WindowReads"]
@@ -39,9 +41,24 @@ class ShardedColumn:
         self._name = name
         self._source = source
         self._shards: dict[int, ListColumn] = {}  # the shards being read (pinned)
+        self._flat = ShardedFlat(self)
+
+    @property
+    def store(self) -> Any:
+        """The cached store."""
+        return self._store
 
     def __len__(self) -> int:
         return len(self._store)
+
+    def shard_reader(self, shard: int, pin: bool = True) -> ListColumn:
+        """The column's reader of shard ``shard``: opened and pinned when it is not (``pin``), or
+        for a document read again after its window, without pinning it (see
+        :meth:`~lightning_tune_data.cache.cached_store.CachedStore.open_shard`)."""
+        column = self._shards.get(shard)
+        if column is not None or pin:
+            return self._shard(shard)
+        return self._store.reader(shard, self._name, self._column_of, pin=False)
 
     def _shard(self, shard: int) -> ListColumn:
         column = self._shards.get(shard)
@@ -60,11 +77,13 @@ class ShardedColumn:
         read again; views already handed out stay valid)."""
         for shard in [shard for shard in self._shards if shard not in shards]:
             del self._shards[shard]
+        self._flat.forget(shards)
 
     def row(self, index: int) -> np.ndarray:
-        """A zero-copy view of row ``index``."""
+        """A zero-copy view of row ``index`` (a document read again, e.g. held in a pack when a
+        checkpoint was taken: its shard is not pinned for it)."""
         shard = int(self._store.shard_of(np.array([index]))[0])
-        return self._shard(shard).row(index - int(self._store.shard_starts[shard]))
+        return self.shard_reader(shard, pin=False).row(index - int(self._store.shard_starts[shard]))
 
     def rows(self, indices: np.ndarray) -> list[np.ndarray]:
         """Zero-copy views of several rows, in order."""
@@ -83,9 +102,9 @@ class ShardedColumn:
         views = self.rows(indices)
         return views, np.fromiter(map(len, views), dtype=np.int64, count=len(views))
 
-    def flat(self) -> None:
-        """No flat view: the shards are opened one by one (a packer takes documents as views)."""
-        return None
+    def flat(self) -> ShardedFlat:
+        """The flat view of every shard's values (positions are shard-tagged)."""
+        return self._flat
 
 
 class WindowReads:

@@ -49,7 +49,9 @@ def test_rows_read_shard_by_shard_equal_the_stored_rows(local_store, tmp_path):
     views, lengths = column.rows_and_lengths(order[:10])
     assert lengths.tolist() == [len(rows[i]) for i in order[:10]]
     assert list(column.row(int(order[0]))) == rows[order[0]]
-    assert column.flat() is None  # no flat token array: documents are handed out as views
+    positions, lengths = column.flat().positions(order)  # shard-tagged positions, as a packer keeps them
+    tokens = column.flat().values
+    assert [list(tokens[p : p + n]) for p, n in zip(positions.tolist(), lengths.tolist())] == [rows[i] for i in order]
 
 
 def test_a_column_opens_only_the_shards_its_rows_are_in(local_store, tmp_path):

@@ -1,0 +1,66 @@
+"""One token address space over a store's shards: positions a packer keeps, slices it joins."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_texts, write_jsonl
+
+from lightning_tune_data import LocalDatasetManager, TextDataModule
+from lightning_tune_data.cache.cached_store import CachedStore
+from lightning_tune_data.cache.root import StoreRoot
+from lightning_tune_data.cache.store_files import StoreFiles
+from lightning_tune_data.sources.sharded_column import ShardedColumn
+from lightning_tune_data.sources.sharded_tokens import SHARD_BITS
+
+pytestmark = pytest.mark.filterwarnings("ignore:Train source .* longer than max_seq_len")
+
+
+@pytest.fixture(scope="module")
+def store_and_rows(tmp_path_factory) -> tuple[Path, list[list[int]]]:
+    root = tmp_path_factory.mktemp("tokens")
+    data = write_jsonl(root / "docs.jsonl", make_texts(80, seed=5, min_words=5, max_words=30))
+    datamodule = TextDataModule({"train": {"docs": LocalDatasetManager(data_files=[str(data)])}}, max_seq_len=64,
+                                cache_dir=str(root / "cache"), shard_size="1KB")
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    [folder] = [p.parent for p in (root / "cache").glob("docs-*/_COMPLETE.json")]
+    return folder, [list(ids) for ids in datamodule.dataset("train", "docs")["input_ids"]]
+
+
+def column_of(folder: Path, node: Path) -> ShardedColumn:
+    content = json.loads((folder / "_COMPLETE.json").read_text())
+    store = CachedStore(StoreFiles(StoreRoot(str(folder.parent)), folder.name), content, node / folder.name, 1 << 30, 2,
+                        "source 'docs'")
+    return ShardedColumn(store, "input_ids", "docs")
+
+
+def test_a_position_names_its_shard_and_slices_give_the_documents_as_arrays_and_as_bytes(store_and_rows, tmp_path):
+    folder, rows = store_and_rows
+    flat = column_of(folder, tmp_path).flat()
+    order = np.random.default_rng(1).permutation(len(rows))
+    positions, lengths = flat.positions(order)
+    assert (positions >> SHARD_BITS).tolist() == column_of(folder, tmp_path).store.shard_of(order).tolist()
+    for row, position, length in zip(order.tolist(), positions.tolist(), lengths.tolist()):
+        assert flat.values[position : position + length].tolist() == rows[row]
+        assert np.frombuffer(flat.views[position : position + length], dtype=flat.dtype).tolist() == rows[row]
+    assert flat.dtype == np.dtype(np.int32) or flat.dtype.kind in "iu"
+
+
+def test_a_held_position_of_a_shard_let_go_of_is_read_without_pinning_it_even_after_eviction(store_and_rows, tmp_path):
+    folder, rows = store_and_rows
+    column = column_of(folder, tmp_path)
+    store, flat = column.store, column.flat()
+    (position,), (length,) = flat.positions(np.array([0]))
+    column.keep_only(set())  # the reader moved on: shard 0 is let go of, a packer still holds the document
+    store.close_shard(0)
+    assert flat.values[position : position + length].tolist() == rows[0]
+    assert store.cache.pinned() == []  # reading a held document does not hold the cache's room
+    column.keep_only(set())
+    store.cache.path(0).unlink()  # evicted by another reader of the node
+    store.unmap_evicted()
+    assert flat.views[position : position + length].tobytes() == np.array(rows[0], dtype=flat.dtype).tobytes()
+    assert store.cache.path(0).exists() and store.cache.pinned() == []  # fetched again, not pinned

@@ -10,6 +10,7 @@ them) and opens a shard only when a reader asks for one of its rows, through a
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ __all__ = ["CachedStore", "shuffle_window_for"]
 #: A budget holds this many windows by default: the window being read, the next one (fetched
 #: ahead) and room for readers of a node that are a window apart.
 WINDOWS_PER_BUDGET = 4
+#: Windows a reader keeps at once: the one before (documents of it still held in packs), the one
+#: being read, and the next (fetched ahead).
+WINDOWS_KEPT = 3
 
 
 def shuffle_window_for(shard_sizes: list[int], budget: int, window: int | None, description: str) -> int:
@@ -39,7 +43,7 @@ def shuffle_window_for(shard_sizes: list[int], budget: int, window: int | None, 
         description: names the source in errors.
 
     Raises:
-        ValueError: the budget cannot hold one window and the next one (fetched ahead).
+        ValueError: the budget cannot hold the windows a reader keeps (:data:`WINDOWS_KEPT`).
     """
     largest = max(shard_sizes)
     fitting = budget // largest
@@ -47,12 +51,14 @@ def shuffle_window_for(shard_sizes: list[int], budget: int, window: int | None, 
         window = max(1, fitting // WINDOWS_PER_BUDGET)
     if window < 1:
         raise ValueError(f"{description}: shuffle_window must be >= 1 shard, got {window}.")
-    needed = 2 * window * largest
+    needed = WINDOWS_KEPT * window * largest
     if needed > budget:
+        size = human_size if human_size(budget) != human_size(needed) else (lambda count: f"{count:,} bytes")
         raise ValueError(
-            f"{description}: cache_budget {human_size(budget)} cannot hold a shuffle window of {window} shard(s) and the "
-            f"next window fetched ahead ({2 * window} shards of up to {human_size(largest)}: {human_size(needed)}). "
-            f"Raise cache_budget to at least {human_size(needed)}, or lower shuffle_window"
+            f"{description}: cache_budget {size(budget)} cannot hold a shuffle window of {window} shard(s) with the "
+            f"window before it (documents still held in packs) and the next one (fetched ahead): "
+            f"{WINDOWS_KEPT * window} shards of up to {human_size(largest)}, {size(needed)}. "
+            f"Raise cache_budget to at least {size(needed)}, or lower shuffle_window"
             + ("." if window > 1 else " (it is already 1 shard: the store's shards are large; prepare it with a smaller shard_size).")
         )
     return int(window)
@@ -85,11 +91,12 @@ class CachedStore:
         self.cache = NodeShardCache(files, folder, self.shards, budget, retries, description)
         # this process's mappings: shard -> (inode, table, readers of its columns)
         self._mapped: dict[int, tuple[int, pa.Table, dict[str, Any]]] = {}
+        self._retired: OrderedDict[int, None] = OrderedDict()  # the shards let go of last, kept mapped
         self.cache.on_evict = self._unmap
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_mapped"] = {}
+        state["_mapped"], state["_retired"] = {}, OrderedDict()
         return state
 
     def __len__(self) -> int:
@@ -125,6 +132,8 @@ class CachedStore:
         """
         mapped = self._mapped.get(shard)
         if not pin and mapped is not None:
+            if shard in self._retired:
+                self._retired.move_to_end(shard)
             return mapped[1]
         path = self.cache.acquire(shard)
         try:
@@ -134,7 +143,7 @@ class CachedStore:
                     mapped = self._mapped[shard] = (inode, pa.ipc.open_stream(source).read_all(), {})
         finally:
             if not pin:
-                self.cache.release(shard)
+                self.close_shard(shard)
         return mapped[1]
 
     def reader(self, shard: int, name: str, make: Callable[[pa.Table], Any], pin: bool = True) -> Any:
@@ -148,15 +157,16 @@ class CachedStore:
 
     def _unmap(self, shard: int) -> None:
         """Forget this process's mapping of an evicted shard (its disk space is freed once the
-        views handed out of it are dropped)."""
-        self._mapped.pop(shard, None)
+        views handed out of it are dropped), unless it is one of the shards let go of last."""
+        if shard not in self._retired:
+            self._mapped.pop(shard, None)
 
     def unmap_evicted(self) -> None:
         """Drop the mappings of shards that are not pinned and whose file was evicted by any
         process of the node."""
         pinned = set(self.cache.pinned())
         for shard, (inode, _, _) in list(self._mapped.items()):
-            if shard in pinned:
+            if shard in pinned or shard in self._retired:
                 continue
             try:
                 same = self.cache.path(shard).stat().st_ino == inode
@@ -166,8 +176,21 @@ class CachedStore:
                 self._unmap(shard)
 
     def close_shard(self, shard: int) -> None:
-        """Let the cache evict shard ``shard`` (views into it stay valid)."""
+        """Let the cache evict shard ``shard`` (views into it stay valid). This process keeps
+        the mappings of the last ``window`` shards it let go of, evicted or not, so documents of
+        them that packs still hold are read without fetching the shard again."""
         self.cache.release(shard)
+        self._retired[shard] = None
+        self._retired.move_to_end(shard)
+        while len(self._retired) > self.window:
+            oldest, _ = self._retired.popitem(last=False)
+            if oldest not in self.cache.pinned():
+                try:
+                    kept = self.cache.path(oldest).stat().st_ino == self._mapped[oldest][0]
+                except (FileNotFoundError, KeyError):
+                    kept = False
+                if not kept:
+                    self._mapped.pop(oldest, None)
 
     def __repr__(self) -> str:
         return (f"CachedStore({self.cache.files.url()}, {len(self)} rows in {self.num_shards} shards, "

@@ -28,9 +28,8 @@ __all__ = ["CachedStore", "shuffle_window_for"]
 #: A budget holds this many windows by default: the window being read, the next one (fetched
 #: ahead) and room for readers of a node that are a window apart.
 WINDOWS_PER_BUDGET = 4
-#: Windows a reader keeps at once: the one before (documents of it still held in packs), the one
-#: being read, and the next (fetched ahead).
-WINDOWS_KEPT = 3
+#: Windows a reader keeps at once: the one being read and the next (fetched ahead).
+WINDOWS_KEPT = 2
 
 
 def shuffle_window_for(shard_sizes: list[int], budget: int, window: int | None, description: str) -> int:
@@ -55,9 +54,8 @@ def shuffle_window_for(shard_sizes: list[int], budget: int, window: int | None, 
     if needed > budget:
         size = human_size if human_size(budget) != human_size(needed) else (lambda count: f"{count:,} bytes")
         raise ValueError(
-            f"{description}: cache_budget {size(budget)} cannot hold a shuffle window of {window} shard(s) with the "
-            f"window before it (documents still held in packs) and the next one (fetched ahead): "
-            f"{WINDOWS_KEPT * window} shards of up to {human_size(largest)}, {size(needed)}. "
+            f"{description}: cache_budget {size(budget)} cannot hold a shuffle window of {window} shard(s) and the "
+            f"next window fetched ahead ({WINDOWS_KEPT * window} shards of up to {human_size(largest)}: {size(needed)}). "
             f"Raise cache_budget to at least {size(needed)}, or lower shuffle_window"
             + ("." if window > 1 else " (it is already 1 shard: the store's shards are large; prepare it with a smaller shard_size).")
         )
@@ -126,16 +124,16 @@ class CachedStore:
             shard: the shard's number.
             pin: keep it from eviction until :meth:`close_shard`; without, a mapping this
                 process still has is used as it is (a mapping stays valid after its file is
-                evicted), else the shard is fetched, mapped and let go of at once: for a
-                document read again after its window (held in a pack), which must not hold
-                the cache's room.
+                evicted), else the shard is fetched (without waiting for room: it is let go of
+                at once), mapped and let go of: for a document read again after its window
+                (held in a pack), which must not hold the cache's room.
         """
         mapped = self._mapped.get(shard)
         if not pin and mapped is not None:
             if shard in self._retired:
                 self._retired.move_to_end(shard)
             return mapped[1]
-        path = self.cache.acquire(shard)
+        path = self.cache.acquire(shard, wait_for_room=pin)
         try:
             inode = path.stat().st_ino
             if mapped is None or mapped[0] != inode:

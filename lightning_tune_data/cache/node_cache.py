@@ -140,8 +140,14 @@ class NodeShardCache:
         return lambda shard: min(distance(shard) for distance in distances)
 
     # -- reading ---------------------------------------------------------------------------
-    def acquire(self, shard: int) -> Path:
+    def acquire(self, shard: int, wait_for_room: bool = True) -> Path:
         """Shard ``shard`` on this node, downloaded if needed, and pinned until :meth:`release`.
+
+        Args:
+            shard: the shard's number.
+            wait_for_room: when other readers hold the whole budget, wait up to
+                :data:`ROOM_WAIT_S` for room before going over it; ``False`` goes over it at once
+                (for a shard pinned only for a moment).
 
         Raises:
             StorageError, ShardCorruptError, LocalDiskFullError: the download failed (see
@@ -153,7 +159,7 @@ class NodeShardCache:
         while True:
             if self._prefetcher is not None:
                 self._prefetcher.wait_for(shard)
-            self._ensure(shard, must=True)
+            self._ensure(shard, must=True, wait_s=ROOM_WAIT_S if wait_for_room else 0.0)
             path = self.path(shard)
             try:
                 fd = os.open(path, os.O_RDONLY)
@@ -242,7 +248,7 @@ class NodeShardCache:
                 return True
         return False
 
-    def _ensure(self, shard: int, must: bool) -> bool:
+    def _ensure(self, shard: int, must: bool, wait_s: float = ROOM_WAIT_S) -> bool:
         """Make sure shard ``shard`` is on this node; ``False`` when ``must`` is off and there is no room."""
         target = self.path(shard)
         if target.exists():
@@ -255,7 +261,7 @@ class NodeShardCache:
                 return True  # another process downloaded it meanwhile
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(f"{target.name}{_PARTIAL}{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            waited_until = time.monotonic() + ROOM_WAIT_S
+            waited_until = time.monotonic() + wait_s
             while True:
                 with FileLock(str(locks / "room.lock")).acquire(poll_interval=_POLL_S):
                     if self._make_room(int(entry["size"])) or (must and time.monotonic() > waited_until):
@@ -264,7 +270,7 @@ class NodeShardCache:
                 if not must:
                     return False
                 time.sleep(0.05)
-            if self.usage() > self.budget and not self._warned:
+            if self.usage() > self.budget and wait_s > 0 and not self._warned:
                 self._warned = True
                 warnings.warn(
                     f"{self.description}: the node's shard cache at {self.folder} goes over its budget "

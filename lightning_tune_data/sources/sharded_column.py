@@ -7,8 +7,7 @@ view (:class:`~lightning_tune_data.sources.sharded_tokens.ShardedFlat`) addresse
 tokens, so a packer keeps documents as positions, as for a store on this node.
 
 :class:`WindowReads` is what a reader tells the cache as it walks a pass: entering a window of
-the two-level order, it keeps (pins) the shards of this window, the one before (whose documents
-packs may still hold) and the next, fetches the ones
+the two-level order, it keeps (pins) the shards of this window and the next, fetches the ones
 still missing in the background (and those of the windows after, within half of the budget),
 lets go of the rest, and tells the cache each shard's next use
 (its window from here on, this pass or the next) so the cache evicts the one needed furthest away.
@@ -135,13 +134,6 @@ class WindowReads:
             self._enter(order, epoch, window)
         return inside
 
-    def _last_window_of(self, epoch: int) -> np.ndarray:
-        """The shards of the last window of pass ``epoch`` (none before the first pass)."""
-        if epoch < 0:
-            return np.zeros(0, dtype=np.int64)
-        order = self._order_of(epoch)
-        return order.shards_of_window(order.num_windows - 1)
-
     def _distances(self, epoch: int, window: int) -> Callable[[int], float]:
         """From a reader at ``window`` of pass ``epoch``: each shard's next use, in windows (its
         window later in this pass, or in the next pass)."""
@@ -155,14 +147,13 @@ class WindowReads:
         return distance
 
     def _enter(self, order: WindowedPermutation, epoch: int, window: int) -> None:
-        """Keep the shards of ``window``, the one before (documents of it are still held in packs)
-        and the next one; let go of the rest; fetch ahead the shards of the windows that follow
-        while they take at most half of the budget."""
+        """Keep the shards of ``window`` and the next one; let go of the rest (the store keeps the
+        mappings of the last ones let go of, for documents packs still hold); fetch ahead the
+        shards of the windows that follow while they take at most half of the budget."""
         following = self._order_of(epoch + 1)
         upcoming = [order.shards_of_window(w).tolist() for w in range(window, order.num_windows)]
         upcoming += [following.shards_of_window(w).tolist() for w in range(following.num_windows)]
-        before = (order.shards_of_window(window - 1) if window > 0 else self._last_window_of(epoch - 1)).tolist()
-        keep = set(before) | set(upcoming[0]) | set(upcoming[1] if len(upcoming) > 1 else [])
+        keep = set(upcoming[0]) | set(upcoming[1] if len(upcoming) > 1 else [])
         cache = self._store.cache
         for shard in cache.pinned():
             if shard not in keep:

@@ -26,30 +26,34 @@ ROWS = 600
 
 
 # -- the shuffle window -----------------------------------------------------------------------------
-@pytest.mark.parametrize(("budget", "window"), [(1200, 2), (500, 1), (10_000, 20), (360, 1)])
+@pytest.mark.parametrize(("budget", "window"), [(1200, 2), (500, 1), (10_000, 20), (240, 1)])
 def test_the_shuffle_window_is_a_quarter_of_the_largest_shards_the_budget_holds(budget, window):
     sizes = [100] * 19 + [120]
     assert shuffle_window_for(sizes, budget, None, "train/a") == window
 
 
-def test_an_explicit_shuffle_window_is_kept_when_the_budget_holds_it_and_the_windows_around_it():
-    assert shuffle_window_for([100, 120], 1080, 3, "train/a") == 3
+def test_an_explicit_shuffle_window_is_kept_when_the_budget_holds_it_and_the_next_one():
+    assert shuffle_window_for([100, 120], 720, 3, "train/a") == 3
 
 
-def test_a_budget_that_cannot_hold_three_windows_is_a_setup_error_saying_how_much_budget_is_needed():
+def test_a_budget_that_cannot_hold_two_windows_is_a_setup_error_saying_how_much_budget_is_needed():
     with pytest.raises(ValueError) as raised:
-        shuffle_window_for([100, 120], 1079, 3, "train/a")
+        shuffle_window_for([100, 120], 700, 3, "train/a")
     assert str(raised.value) == (
-        "train/a: cache_budget 1,079 bytes cannot hold a shuffle window of 3 shard(s) with the window before it "
-        "(documents still held in packs) and the next one (fetched ahead): 9 shards of up to 120 B, 1,080 bytes. Raise "
-        "cache_budget to at least 1,080 bytes, or lower shuffle_window.")
+        "train/a: cache_budget 700 B cannot hold a shuffle window of 3 shard(s) and the next window fetched ahead "
+        "(6 shards of up to 120 B: 720 B). Raise cache_budget to at least 720 B, or lower shuffle_window.")
 
 
-def test_a_budget_below_three_shards_is_a_setup_error_asking_for_smaller_shards():
-    with pytest.raises(ValueError, match=r"cache_budget 359 B cannot hold a shuffle window of 1 shard\(s\).*"
+def test_sizes_that_would_read_alike_are_given_in_bytes():
+    with pytest.raises(ValueError, match=r"cache_budget 1,160 bytes .* at least 1,200 bytes"):
+        shuffle_window_for([100, 120], 1_160, 5, "train/a")
+
+
+def test_a_budget_below_two_shards_is_a_setup_error_asking_for_smaller_shards():
+    with pytest.raises(ValueError, match=r"cache_budget 239 B cannot hold a shuffle window of 1 shard\(s\).*"
                                          r"it is already 1 shard: the store's shards are large; prepare it with a "
                                          r"smaller shard_size"):
-        shuffle_window_for([100, 120], 359, None, "train/a")
+        shuffle_window_for([100, 120], 239, None, "train/a")
 
 
 def test_a_shuffle_window_below_one_shard_is_rejected():
@@ -113,11 +117,11 @@ def test_open_shard_downloads_only_that_shard_and_keeps_it_pinned_until_closed(s
     assert fault_proxy.gets(shards[2]["path"]) == 1  # still on the node: not fetched again
 
 
-def test_every_row_read_through_a_budget_of_three_shards_matches_the_store_and_usage_stays_within_it(
+def test_every_row_read_through_a_budget_of_two_shards_matches_the_store_and_usage_stays_within_it(
         s3, fault_proxy, tmp_path, committed):
     content, table = committed
     sizes = [content["files"][shard["path"]]["size"] for shard in content["store"]["shards"]]
-    budget = 3 * max(sizes)
+    budget = 2 * max(sizes)
     assert shuffle_window_for(sizes, budget, None, "train/a") == 1
     store = cached_store(s3, fault_proxy, tmp_path, content, budget)
 

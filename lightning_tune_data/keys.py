@@ -67,3 +67,7 @@ STOPPING_STRATEGIES: tuple[str, ...] = StoppingStrategy.__args__
 MixBy = Literal["documents", "tokens"]
 #: What a mixture weight is a share of.
 MIX_BY: tuple[str, ...] = MixBy.__args__
+
+#: A document of a store read shard by shard is at ``shard << SHARD_BITS | position in that
+#: shard's flat token values`` (a shard's values span less than 2**40 items).
+SHARD_BITS = 40

@@ -28,6 +28,9 @@ __all__ = ["CachedStore", "shuffle_window_for"]
 #: A budget holds this many windows by default: the window being read, the next one (fetched
 #: ahead) and room for readers of a node that are a window apart.
 WINDOWS_PER_BUDGET = 4
+#: Windows of shards let go of whose mappings a reading process keeps (documents of them that
+#: packs still hold are read without fetching the shard again).
+RETIRED_WINDOWS = 1
 #: Windows a reader keeps at once: the one being read and the next (fetched ahead).
 WINDOWS_KEPT = 2
 
@@ -180,7 +183,7 @@ class CachedStore:
         self.cache.release(shard)
         self._retired[shard] = None
         self._retired.move_to_end(shard)
-        while len(self._retired) > self.window:
+        while len(self._retired) > self.window * RETIRED_WINDOWS:
             oldest, _ = self._retired.popitem(last=False)
             if oldest not in self.cache.pinned():
                 try:

@@ -22,7 +22,7 @@ position (its next token is not in this piece).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,6 +32,7 @@ from lightning_tune_data.keys import (
     EPOCH,
     IGNORE_INDEX,
     NEW_DOCUMENT,
+    SHARD_BITS,
     SOURCE,
     TOKENS,
     TRUNCATED_TOKENS,
@@ -133,6 +134,31 @@ def token_arrays(refs: list[Reference], tokens: list[PieceTokens], stores: Mappi
             entry = flat[entry : entry + ref[LENGTH_AT]]
         arrays.append(entry)
     return arrays
+
+
+def detach_pieces(packs: Iterable[Any], source: str, shards: set[int], flat: Any) -> int:
+    """Replace the positions of ``source``'s pieces in ``shards`` with copies of their tokens.
+
+    A source read shard by shard addresses a document as ``shard << SHARD_BITS | position``; once
+    it lets go of a shard, the pieces packs still hold of it become their own arrays.
+
+    Args:
+        packs: the held packs (their token lists are changed in place).
+        source: the source's name.
+        shards: the shards let go of.
+        flat: the source's ``flat_tokens()`` (slices are arrays).
+
+    Returns:
+        How many pieces were copied.
+    """
+    copied = 0
+    for pack in packs:
+        tokens = pack.tokens
+        for index, (ref, entry) in enumerate(zip(pack.refs, tokens)):
+            if type(entry) is int and ref[SOURCE_AT] == source and entry >> SHARD_BITS in shards:
+                tokens[index] = np.array(flat[entry : entry + ref[LENGTH_AT]])
+                copied += 1
+    return copied
 
 
 def document_labels(input_ids: np.ndarray, loss_mask: np.ndarray | None) -> np.ndarray:

@@ -16,6 +16,7 @@ from lightning_tune_data.keys import OverlongPolicy
 from lightning_tune_data.packing.block_start import BlockStart
 from lightning_tune_data.packing.document_queue import DocumentQueue
 from lightning_tune_data.packing.pack import Pack
+from lightning_tune_data.packing.pieces import detach_pieces
 from lightning_tune_data.packing.placement import PackPlacer
 from lightning_tune_data.sources.base import TuneIterableDataset
 
@@ -55,9 +56,19 @@ class PackingProgress:
         if block is None:
             return False
         self.placer.stores.update(block.stores)
+        self._detach_released()
         self.queue = DocumentQueue(block.references(), block.tokens, block=block)
         self.block_start = BlockStart(self.queue, *self.placer.held_packs(), self.counters["packs"])
         return True
+
+    def _detach_released(self) -> None:
+        """Copy out the held pieces of shards a source read shard by shard has let go of (the
+        cache may evict them; a copy of a document costs less than fetching its shard again)."""
+        for name, store in self.placer.stores.items():
+            released = getattr(store, "released_shards", None)
+            shards = released() if released is not None else None
+            if shards:
+                detach_pieces(self.placer.held_packs()[0], name, shards, store.flat_tokens())
 
     def end_child(self) -> None:
         """The child ended: every open pack that holds tokens is finished."""

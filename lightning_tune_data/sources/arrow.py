@@ -275,6 +275,11 @@ class ArrowSource(TuneIterableDataset):
                 self._flat_view = (flat.views, flat.dtype)
         return self._flat_view
 
+    def released_shards(self) -> set[int]:
+        """The shards of a store read shard by shard that this reader let go of since the last
+        call: a packer copies out the pieces it holds of them (empty for other stores)."""
+        return self._rows.take_released()
+
     def state_after_block(self, block: DocumentBlock, documents: int) -> dict[str, Any]:
         """This source's state right after the first ``documents`` documents of ``block``.
 

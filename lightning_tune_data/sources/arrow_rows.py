@@ -109,6 +109,14 @@ class ArrowRows:
             return None
         return {ORDER_WINDOW: self.dataset.window, ORDER_SHARDS: self.dataset.num_shards}
 
+    def take_released(self) -> set[int]:
+        """The shards a windowed store's reader let go of since the last call (empty otherwise)."""
+        reads = self._window_reads
+        if reads is None or not reads.released:
+            return set()
+        released, reads.released = reads.released, set()
+        return released
+
     def _permutation(self, epoch: int) -> KeyedPermutation | WindowedPermutation:
         """The order of pass ``epoch`` (the latest two passes' are kept)."""
         permutation = self._permutations.get(epoch)

@@ -121,6 +121,7 @@ class WindowReads:
         self._order_of = order_of
         self._columns = columns
         self._at: tuple[int, int] | None = None
+        self.released: set[int] = set()  # shards let go of since the reader last asked
 
     def moved_to(self, epoch: int, positions: np.ndarray) -> int:
         """The reader's next positions are ``positions`` (ascending) of pass ``epoch``: act when
@@ -158,6 +159,7 @@ class WindowReads:
         for shard in cache.pinned():
             if shard not in keep:
                 self._store.close_shard(shard)
+                self.released.add(shard)
         self._store.unmap_evicted()
         for column in self._columns:
             column.keep_only(keep)

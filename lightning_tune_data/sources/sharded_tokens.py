@@ -14,11 +14,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SHARD_BITS", "ShardedFlat", "ShardedSlices"]
+from lightning_tune_data.keys import SHARD_BITS
 
-#: Bits of a position that address tokens inside one shard's flat values (a shard's values span
-#: less than 2**40 items); the bits above address the shard.
-SHARD_BITS = 40
+__all__ = ["ShardedFlat", "ShardedSlices"]
+
 _INSIDE = (1 << SHARD_BITS) - 1
 
 

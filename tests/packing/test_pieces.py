@@ -89,3 +89,27 @@ def test_a_pieces_provenance_has_every_per_document_field_but_the_row_and_the_ta
                      "dropped_before": 2}
     # the collator numbers the rows and counts each piece's targets from the labels it writes
     assert set(entry) == set(PROVENANCE_FIELDS) - {"row", "target_tokens"}
+
+
+def test_detach_pieces_copies_out_only_the_named_sources_pieces_in_the_let_go_shards():
+    import numpy as np
+
+    from lightning_tune_data.keys import SHARD_BITS
+    from lightning_tune_data.packing.pack import Pack
+    from lightning_tune_data.packing.pieces import detach_pieces
+
+    flat = np.arange(100, dtype=np.int32)
+    tokens_of = {0: 5, 1: (1 << SHARD_BITS) + 7, 2: (2 << SHARD_BITS) + 9}
+
+    class Slices:  # positions of three shards over one array: shard k's token i is at k * 10 + i
+        def __getitem__(self, key: slice) -> np.ndarray:
+            start = (key.start >> SHARD_BITS) * 10 + (key.start & ((1 << SHARD_BITS) - 1))
+            return flat[start : start + key.stop - key.start]
+
+    pack = Pack()
+    for shard, position in tokens_of.items():
+        pack.add(("web", shard, 0, 0, 3, True, 0, 0), position)
+    pack.add(("code", 9, 0, 0, 3, True, 0, 0), 1 << SHARD_BITS)  # another source's position stays
+    assert detach_pieces([pack], "web", {1, 2}, Slices()) == 2
+    assert pack.tokens[0] == 5 and pack.tokens[3] == 1 << SHARD_BITS
+    assert pack.tokens[1].tolist() == [17, 18, 19] and pack.tokens[2].tolist() == [29, 30, 31]

@@ -14,7 +14,7 @@ from lightning_tune_data.cache.cached_store import CachedStore
 from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.store_files import StoreFiles
 from lightning_tune_data.sources.sharded_column import ShardedColumn
-from lightning_tune_data.sources.sharded_tokens import SHARD_BITS
+from lightning_tune_data.keys import SHARD_BITS
 
 pytestmark = pytest.mark.filterwarnings("ignore:Train source .* longer than max_seq_len")
 

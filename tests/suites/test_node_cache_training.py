@@ -248,3 +248,14 @@ def test_two_ddp_ranks_of_a_node_share_its_shard_cache_and_download_each_shard_o
             gets[path] = gets.get(path, 0) + 1
     fetched = {path: count - before.get(path, 0) for path, count in gets.items() if count > before.get(path, 0)}
     assert fetched and max(fetched.values()) == 1, fetched  # every shard reached this node once
+
+
+@pytest.mark.timeout(300)
+def test_evicting_refetching_and_copying_out_held_documents_never_changes_a_batch(corpus, s3, tmp_path):
+    sizes = write_store(corpus, s3, tmp_path)
+    options = dict(shuffle_window=1, num_workers=0, packing="best_fit")
+    roomy = set_up(datamodule(corpus, s3, tmp_path / "roomy", cache_budget=int(min(sizes.values()) * 0.9), **options))
+    tight = set_up(datamodule(corpus, s3, tmp_path / "tight", cache_budget=min(sizes.values()) // 6, **options))
+    assert all(isinstance(dm.dataset("train", name), CachedStore) and dm.dataset("train", name).window == 1
+               for dm in (roomy, tight) for name in ROWS)  # the same order
+    assert_same_batches(batches(roomy, 120), batches(tight, 120))

@@ -150,14 +150,9 @@ def _ready(dm):
 
 
 def _folder_bytes(folder: Path) -> int:
-    total = 0
-    for directory, _, names in os.walk(folder):
-        for name in names:
-            try:
-                total += os.stat(os.path.join(directory, name)).st_size
-            except FileNotFoundError:
-                continue
-    return total
+    from lightning_tune_data.cache.sizes import tree_size
+
+    return tree_size(folder)
 
 
 class DiskPeak:

@@ -167,14 +167,15 @@ class CachedStore:
         process of the node."""
         pinned = set(self.cache.pinned())
         for shard, (inode, _, _) in list(self._mapped.items()):
-            if shard in pinned or shard in self._retired:
-                continue
-            try:
-                same = self.cache.path(shard).stat().st_ino == inode
-            except FileNotFoundError:
-                same = False
-            if not same:
+            if shard not in pinned and shard not in self._retired and not self._same_file(shard, inode):
                 self._unmap(shard)
+
+    def _same_file(self, shard: int, inode: int) -> bool:
+        """Whether shard ``shard``'s file in the cache is still the one mapped (not evicted)."""
+        try:
+            return self.cache.path(shard).stat().st_ino == inode
+        except FileNotFoundError:
+            return False
 
     def close_shard(self, shard: int) -> None:
         """Let the cache evict shard ``shard`` (views into it stay valid). This process keeps
@@ -185,13 +186,9 @@ class CachedStore:
         self._retired.move_to_end(shard)
         while len(self._retired) > self.window * RETIRED_WINDOWS:
             oldest, _ = self._retired.popitem(last=False)
-            if oldest not in self.cache.pinned():
-                try:
-                    kept = self.cache.path(oldest).stat().st_ino == self._mapped[oldest][0]
-                except (FileNotFoundError, KeyError):
-                    kept = False
-                if not kept:
-                    self._mapped.pop(oldest, None)
+            mapped = self._mapped.get(oldest)
+            if mapped is not None and oldest not in self.cache.pinned() and not self._same_file(oldest, mapped[0]):
+                self._mapped.pop(oldest, None)  # the prefetch thread may have unmapped it meanwhile
 
     def __repr__(self) -> str:
         return (f"CachedStore({self.cache.files.url()}, {len(self)} rows in {self.num_shards} shards, "

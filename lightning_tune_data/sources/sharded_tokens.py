@@ -69,14 +69,19 @@ class ShardedFlat:
         self.values = ShardedSlices(self, as_memoryview=False)
         self.views = ShardedSlices(self, as_memoryview=True)
 
-    def shard_values(self, shard: int) -> np.ndarray:
-        """Shard ``shard``'s flat token values (the shard is opened when it is not)."""
-        flat = self._column.shard_reader(shard, pin=False).flat()  # a held document's shard may be past
+    def _flat_of(self, shard: int, pin: bool) -> Any:
+        """Shard ``shard``'s :class:`~lightning_tune_data.sources.arrow_columns.FlatColumn` (the
+        shard is opened when it is not; ``pin``: see ``ShardedColumn.shard_reader``)."""
+        flat = self._column.shard_reader(shard, pin=pin).flat()
         if flat is None:
             raise TypeError("the token ids of the store's shards are not null-free integers; prepare the store again.")
         if self.dtype is None:
             self.dtype = flat.values.dtype
-        return flat.values
+        return flat
+
+    def shard_values(self, shard: int) -> np.ndarray:
+        """Shard ``shard``'s flat token values (the shard is opened when it is not)."""
+        return self._flat_of(shard, pin=False).values  # a held document's shard may be past
 
     def positions(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each row's first token's position in the sharded token space, and its length."""
@@ -87,11 +92,7 @@ class ShardedFlat:
         lengths = np.empty(len(rows), dtype=np.int64)
         for shard in np.unique(shards).tolist():
             where = np.flatnonzero(shards == shard)
-            flat = self._column.shard_reader(shard).flat()
-            if flat is None:
-                raise TypeError("the token ids of the store's shards are not null-free integers; prepare the store again.")
-            if self.dtype is None:
-                self.dtype = flat.values.dtype
+            flat = self._flat_of(shard, pin=True)
             inside, lengths[where] = flat.positions(rows[where] - store.shard_starts[shard])
             positions[where] = (shard << SHARD_BITS) + inside
         return positions, lengths

@@ -254,8 +254,6 @@ def test_eviction_spares_a_shard_another_reader_of_the_node_needs_soon(s3, fault
 
 
 def test_a_shard_evicted_while_a_reader_waits_to_pin_it_is_downloaded_again(s3, fault_proxy, tmp_path):
-    if not os.path.exists("/proc/locks"):
-        pytest.skip("needs /proc/locks to see the reader wait for the lock")
     entries, [data] = put_random_shards(s3, STORE, [10_000])
     cache = node_cache_of(s3, fault_proxy, tmp_path / "node", entries, budget=30_000)
     path = cache.acquire(0)

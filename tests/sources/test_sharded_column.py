@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_texts, write_jsonl
+from local_stores import cached, committed_store
 
-from lightning_tune_data import LocalDatasetManager, TextDataModule
-from lightning_tune_data.cache.cached_store import CachedStore
-from lightning_tune_data.cache.root import StoreRoot
-from lightning_tune_data.cache.store_files import StoreFiles
 from lightning_tune_data.sources.sharded_column import ShardedColumn, WindowReads
 from lightning_tune_data.sources.windowed_order import WindowedPermutation
 
@@ -22,21 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Train source .* longer than max_
 @pytest.fixture(scope="module")
 def local_store(tmp_path_factory) -> tuple[Path, list[list[int]]]:
     """A committed store of 120 documents in 1 KB shards, and its rows as written."""
-    root = tmp_path_factory.mktemp("store")
-    data = write_jsonl(root / "docs.jsonl", make_texts(120, seed=3, min_words=5, max_words=30))
-    datamodule = TextDataModule({"train": {"docs": LocalDatasetManager(data_files=[str(data)])}}, max_seq_len=64,
-                                cache_dir=str(root / "cache"), shard_size="1KB")
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    rows = [list(ids) for ids in datamodule.dataset("train", "docs")["input_ids"]]
-    [folder] = [p.parent for p in (root / "cache").glob("docs-*/_COMPLETE.json")]
-    return folder, rows
-
-
-def cached(folder: Path, node: Path, budget: int = 1 << 30, window: int = 2) -> CachedStore:
-    content = json.loads((folder / "_COMPLETE.json").read_text())
-    files = StoreFiles(StoreRoot(str(folder.parent)), folder.name)
-    return CachedStore(files, content, node / folder.name, budget, window, "source 'docs'")
+    return committed_store(tmp_path_factory.mktemp("store"), 120, seed=3)
 
 
 def test_rows_read_shard_by_shard_equal_the_stored_rows(local_store, tmp_path):

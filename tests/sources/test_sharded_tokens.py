@@ -2,40 +2,25 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_texts, write_jsonl
+from local_stores import cached, committed_store
 
-from lightning_tune_data import LocalDatasetManager, TextDataModule
-from lightning_tune_data.cache.cached_store import CachedStore
-from lightning_tune_data.cache.root import StoreRoot
-from lightning_tune_data.cache.store_files import StoreFiles
-from lightning_tune_data.sources.sharded_column import ShardedColumn
 from lightning_tune_data.keys import SHARD_BITS
+from lightning_tune_data.sources.sharded_column import ShardedColumn
 
 pytestmark = pytest.mark.filterwarnings("ignore:Train source .* longer than max_seq_len")
 
 
 @pytest.fixture(scope="module")
 def store_and_rows(tmp_path_factory) -> tuple[Path, list[list[int]]]:
-    root = tmp_path_factory.mktemp("tokens")
-    data = write_jsonl(root / "docs.jsonl", make_texts(80, seed=5, min_words=5, max_words=30))
-    datamodule = TextDataModule({"train": {"docs": LocalDatasetManager(data_files=[str(data)])}}, max_seq_len=64,
-                                cache_dir=str(root / "cache"), shard_size="1KB")
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    [folder] = [p.parent for p in (root / "cache").glob("docs-*/_COMPLETE.json")]
-    return folder, [list(ids) for ids in datamodule.dataset("train", "docs")["input_ids"]]
+    return committed_store(tmp_path_factory.mktemp("tokens"), 80, seed=5)
 
 
 def column_of(folder: Path, node: Path) -> ShardedColumn:
-    content = json.loads((folder / "_COMPLETE.json").read_text())
-    store = CachedStore(StoreFiles(StoreRoot(str(folder.parent)), folder.name), content, node / folder.name, 1 << 30, 2,
-                        "source 'docs'")
-    return ShardedColumn(store, "input_ids", "docs")
+    return ShardedColumn(cached(folder, node), "input_ids", "docs")
 
 
 def test_a_position_names_its_shard_and_slices_give_the_documents_as_arrays_and_as_bytes(store_and_rows, tmp_path):

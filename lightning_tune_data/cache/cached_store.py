@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from lightning_tune_data.cache.node_cache import NodeShardCache
+from lightning_tune_data.cache.owners import after_fork_in_child
 from lightning_tune_data.cache.shard_fetch import FetchRetries
 from lightning_tune_data.cache.sizes import human_size
 from lightning_tune_data.cache.store_files import StoreFiles
@@ -66,13 +67,19 @@ def shuffle_window_for(shard_sizes: list[int], budget: int, window: int | None, 
 
 
 class CachedStore:
-    """A committed remote store whose shards are fetched on demand into a bounded node cache.
+    """A committed remote store whose shards are fetched on demand into the node's bounded cache.
+
+    What a process maps is decided here, in one place (:meth:`_let_go`): a shard a reader reads
+    is *pinned* (mapped, kept); a shard let go of stays mapped among the last ``window`` ones
+    (documents of them that packs still hold are read without fetching it again) and is dropped
+    after that, or at once when the node's cache needs room. A mapping holds the shard's lock, so
+    the node never deletes a file a process still maps: what the disk holds is what the cache counts.
 
     Args:
         files: the remote store.
         content: its commit.
-        folder: this store's folder in the node cache.
-        budget: bytes of shards kept on this node.
+        folder: the node's shard cache folder (``<local_cache_dir>/shard-cache``).
+        budget: bytes of shards the node keeps (every store read shard by shard).
         window: shards per shuffle window.
         description: names the source in messages.
         retries: how failing reads of a shard are retried.
@@ -90,15 +97,32 @@ class CachedStore:
         self.shard_rows = np.array([int(entry["rows"]) for entry in self.shards], dtype=np.int64)
         self.shard_starts = np.concatenate([[0], np.cumsum(self.shard_rows)]).astype(np.int64)
         self.cache = NodeShardCache(files, folder, self.shards, budget, retries, description)
-        # this process's mappings: shard -> (inode, table, readers of its columns)
-        self._mapped: dict[int, tuple[int, pa.Table, dict[str, Any]]] = {}
+        self._start_here()
+
+    def _start_here(self) -> None:
+        # this process's mappings: shard -> (table, readers of its columns)
+        self._mapped: dict[int, tuple[pa.Table, dict[str, Any]]] = {}
+        self._pinned: set[int] = set()
         self._retired: OrderedDict[int, None] = OrderedDict()  # the shards let go of last, kept mapped
-        self.cache.on_evict = self._unmap
+        self.cache.on_room_needed = self.drop_retired
+        after_fork_in_child(self, CachedStore._start_here)  # a forked child maps for itself
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_mapped"], state["_retired"] = {}, OrderedDict()
+        for key in ("_mapped", "_pinned", "_retired"):
+            state.pop(key)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._start_here()
+
+    def close(self) -> None:
+        """Drop every mapping and close the node cache (its threads and locks)."""
+        self._mapped.clear()
+        self._pinned.clear()
+        self._retired.clear()
+        self.cache.close()
 
     def __len__(self) -> int:
         return int(self.shard_starts[-1])
@@ -117,78 +141,63 @@ class CachedStore:
         """The shard of each row."""
         return np.searchsorted(self.shard_starts, rows, side="right") - 1
 
+    def pinned(self) -> list[int]:
+        """The shards this process reads now (mapped and kept until :meth:`close_shard`)."""
+        return sorted(self._pinned)
+
     def open_shard(self, shard: int, pin: bool = True) -> pa.Table:
         """Shard ``shard``'s table, memory-mapped from the node cache (fetched first when missing).
 
-        A shard this process mapped before and that is still the same file is not mapped again
-        (the next pass reads it at no cost).
+        A shard this process still maps is not mapped again (the next pass reads it at no cost).
 
         Args:
             shard: the shard's number.
-            pin: keep it from eviction until :meth:`close_shard`; without, a mapping this
-                process still has is used as it is (a mapping stays valid after its file is
-                evicted), else the shard is fetched (without waiting for room: it is let go of
-                at once), mapped and let go of: for a document read again after its window
-                (held in a pack), which must not hold the cache's room.
+            pin: keep it until :meth:`close_shard`; without, it joins the shards let go of (for
+                a document read again after its window, held in a pack).
         """
         mapped = self._mapped.get(shard)
-        if not pin and mapped is not None:
-            if shard in self._retired:
-                self._retired.move_to_end(shard)
-            return mapped[1]
-        path = self.cache.acquire(shard, wait_for_room=pin)
-        try:
-            inode = path.stat().st_ino
-            if mapped is None or mapped[0] != inode:
-                with pa.memory_map(str(path)) as source:
-                    mapped = self._mapped[shard] = (inode, pa.ipc.open_stream(source).read_all(), {})
-        finally:
-            if not pin:
-                self.close_shard(shard)
-        return mapped[1]
+        if mapped is None:
+            mapping = self.cache.map(shard)
+            mapped = self._mapped[shard] = (pa.ipc.open_stream(pa.py_buffer(mapping)).read_all(), {})
+        if pin:
+            self._pinned.add(shard)
+            self._retired.pop(shard, None)
+        elif shard not in self._pinned:
+            self._let_go(shard)
+        return mapped[0]
 
     def reader(self, shard: int, name: str, make: Callable[[pa.Table], Any], pin: bool = True) -> Any:
         """What ``make`` builds from shard ``shard``'s table for column ``name`` (e.g. a column
         reader), built once per mapping of the shard (``pin``: see :meth:`open_shard`)."""
         table = self.open_shard(shard, pin)
-        readers = self._mapped[shard][2]
+        readers = self._mapped[shard][1]
         if name not in readers:
             readers[name] = make(table)
         return readers[name]
 
-    def _unmap(self, shard: int) -> None:
-        """Forget this process's mapping of an evicted shard (its disk space is freed once the
-        views handed out of it are dropped), unless it is one of the shards let go of last."""
-        if shard not in self._retired:
-            self._mapped.pop(shard, None)
-
-    def unmap_evicted(self) -> None:
-        """Drop the mappings of shards that are not pinned and whose file was evicted by any
-        process of the node."""
-        pinned = set(self.cache.pinned())
-        for shard, (inode, _, _) in list(self._mapped.items()):
-            if shard not in pinned and shard not in self._retired and not self._same_file(shard, inode):
-                self._unmap(shard)
-
-    def _same_file(self, shard: int, inode: int) -> bool:
-        """Whether shard ``shard``'s file in the cache is still the one mapped (not evicted)."""
-        try:
-            return self.cache.path(shard).stat().st_ino == inode
-        except FileNotFoundError:
-            return False
-
     def close_shard(self, shard: int) -> None:
-        """Let the cache evict shard ``shard`` (views into it stay valid). This process keeps
-        the mappings of the last ``window`` shards it let go of, evicted or not, so documents of
-        them that packs still hold are read without fetching the shard again."""
-        self.cache.release(shard)
-        self._retired[shard] = None
-        self._retired.move_to_end(shard)
-        while len(self._retired) > self.window * RETIRED_WINDOWS:
+        """Stop reading shard ``shard``: it joins the shards let go of (views into it stay valid)."""
+        self._pinned.discard(shard)
+        self._let_go(shard)
+
+    def drop_retired(self) -> None:
+        """Drop the mappings of every shard let go of (the node's cache needs room)."""
+        while self._retired:
+            self._let_go(None)
+
+    def _let_go(self, shard: int | None) -> None:
+        """The one place a mapping is dropped: ``shard`` joins the last ones let go of, and the
+        oldest beyond ``window`` of them (all with ``None`` given) is unmapped. The file can be
+        evicted once views handed out of it are gone too."""
+        if shard is not None:
+            self._retired[shard] = None
+            self._retired.move_to_end(shard)
+        while self._retired and (shard is None or len(self._retired) > self.window * RETIRED_WINDOWS):
             oldest, _ = self._retired.popitem(last=False)
-            mapped = self._mapped.get(oldest)
-            if mapped is not None and oldest not in self.cache.pinned() and not self._same_file(oldest, mapped[0]):
-                self._mapped.pop(oldest, None)  # the prefetch thread may have unmapped it meanwhile
+            if oldest not in self._pinned:
+                self._mapped.pop(oldest, None)
+            if shard is None:
+                break
 
     def __repr__(self) -> str:
         return (f"CachedStore({self.cache.files.url()}, {len(self)} rows in {self.num_shards} shards, "

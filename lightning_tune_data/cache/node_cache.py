@@ -1,82 +1,123 @@
-"""``NodeShardCache``: one store's shards on this node, within a byte budget, shared by every rank
-and dataloader worker of the node.
+"""``NodeShardCache``: one store's shards on this node, within the node's byte budget, shared by
+every rank and dataloader worker of the node (and every other store read shard by shard there).
 
-Mental model. The folder ``<local_cache_dir>/shard-cache/<store>/`` mirrors the store's shard
-paths. A shard is there only once it was downloaded whole and matched its checksum: it arrives
-under a temporary name (``<shard>.partial-<pid>-<id>``) and is renamed into place, so a node killed
-mid-download leaves nothing a later run trusts (the partial file of a dead process is removed by
-the next process that looks). Two processes that want the same shard download it once: a file
-lock per shard. A process reading a shard holds a shared ``flock`` on it ("pinned"); eviction
-takes the exclusive lock first, so a shard in use by any reader is never evicted.
+Mental model. The store's folder is ``<local_cache_dir>/shard-cache/<store>-<commit>/``, named
+after the commit's identity (every shard's path, size and checksum), and a shard's file there is
+named after its path and checksum: a file is used only when it is the file this commit names, and only
+once its size matches (it was renamed into place after its bytes matched the checksum). A
+store prepared again, with other shards at the same paths, never reads the old files; they count
+against the budget until they are evicted, first (see :mod:`lightning_tune_data.cache.node_room`).
 
-Room is made under one lock per folder, counting the shards present and the downloads in
-progress. The shard evicted first is the one needed furthest in the future (or not again this
-pass), as the reader that makes room tells from the computed pass order
-(:meth:`NodeShardCache.set_next_use`) for itself and for every other reader of the node
-(:class:`~lightning_tune_data.cache.reader_positions.ReaderPositions`): the shard's next use is
-the soonest any of them needs it. A download the reader needs now waits for room while
-other readers still hold every shard, then goes over the budget with a warning rather than wait
-forever; a prefetch never goes over: it is tried again later.
+A shard arrives under a temporary name that its downloader holds a lock on, so a node killed
+mid-download leaves nothing a later run trusts. Two processes that want the same shard download
+it once: a lock per shard. A process reading or mapping a shard holds a shared lock on it;
+eviction takes the exclusive lock first, so a shard any process maps is never deleted.
+
+Room is made under one lock for the whole node, counting every store's shards and downloads.
+``budget`` is the node's: the bytes of the node's shard cache never exceed it, except by one
+shard at a time for a reader that needs a shard now while the other readers hold every byte
+(after waiting :data:`ROOM_WAIT_S`, with a warning). A prefetch never goes over it, and never
+evicts a shard needed sooner than the one it fetches. Every wait is bounded: a lock held by a
+stopped or hung process is named after :data:`LOCK_WAIT_S` without progress.
 """
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import logging
+import mmap
+import multiprocessing.util
 import os
+import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable
-from pathlib import Path
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from filelock import FileLock
+import xxhash
 
-from lightning_tune_data.cache.layout import process_alive
+from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM
+from lightning_tune_data.cache.fingerprints import canonical_json
+from lightning_tune_data.cache.node_room import (
+    DOWNLOAD_LOCKS, PARTIAL_TAG, evict, eviction_order, node_contents,
+)
+from lightning_tune_data.cache.owners import (
+    LockWaitTimeout, after_fork_in_child, claim, forget_held, hold, release, wait_for_lock,
+)
 from lightning_tune_data.cache.prefetcher import ShardPrefetcher
-from lightning_tune_data.cache.reader_positions import READERS_FOLDER, ReaderPositions
+from lightning_tune_data.cache.reader_positions import ReaderPositions
 from lightning_tune_data.cache.shard_fetch import FetchRetries, fetch_shard
 from lightning_tune_data.cache.sizes import human_size
 from lightning_tune_data.cache.store_files import StoreFiles
 
-__all__ = ["NODE_CACHE_FOLDER", "NodeShardCache"]
+__all__ = ["LOCK_WAIT_S", "NODE_CACHE_FOLDER", "ROOM_WAIT_S", "NodeShardCache", "cached_name", "commit_identity"]
 
 log = logging.getLogger("lightning_tune_data.cache.store")
 
-#: Folder under ``local_cache_dir`` that holds the budgeted shard caches, one per store.
+#: Folder under ``local_cache_dir`` that holds the node's shard cache, one folder per store.
 NODE_CACHE_FOLDER = "shard-cache"
-_PARTIAL = ".partial-"
-_LOCKS = ".locks"
-#: How long a reader waits for other readers to free room before it goes over the budget.
+#: How long a reader that needs a shard waits for other readers to free room before it goes
+#: over the budget by that one shard.
 ROOM_WAIT_S = 30.0
-#: How often a process waiting for another one's lock looks again.
-_POLL_S = 0.002
+#: The longest wait for a lock (or for room) while its holder makes no progress.
+LOCK_WAIT_S = 120.0
+_ROOM_LOCK = ".room.lock"
 
 
-def _try_exclusive(path: Path) -> int | None:
-    """An fd holding the exclusive lock on ``path``, or ``None`` when a reader pins it (or it is gone)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+class _CacheClosed(Exception):
+    """The cache was closed while a download was in flight."""
+
+
+def cached_name(entry: dict[str, Any]) -> str:
+    """A shard's file name in the node cache: its path in the store with its checksum (or size)
+    before the extension (``shards/task-0-of-1/00000.<checksum>.arrow``)."""
+    tag = str(entry.get(CHECKSUM_ALGORITHM) or f"{int(entry['size'])}b")[:16]
+    path = PurePosixPath(entry["path"])
+    return str(path.with_name(f"{path.stem}.{tag}{path.suffix}"))
+
+
+def commit_identity(shards: list[dict[str, Any]]) -> str:
+    """16 hex digits naming a commit's shards: their paths, sizes and checksums."""
+    listed = [[entry["path"], int(entry["size"]), entry.get(CHECKSUM_ALGORITHM)] for entry in shards]
+    return xxhash.xxh3_64(canonical_json(listed).encode()).hexdigest()
+
+
+class _Held:
+    """What a cache holds that must be let go of when it is closed or garbage collected."""
+
+    def __init__(self, folder: Path) -> None:
+        self.pins: dict[int, int] = {}  # shard -> descriptor holding its shared lock
+        self.prefetcher: ShardPrefetcher | None = None
+        self.readers = ReaderPositions(folder)
+
+    def close(self) -> None:
+        """Idempotent."""
+        if self.prefetcher is not None:
+            self.prefetcher.stop()
+        for fd in self.pins.values():
+            forget_held(fd)
+        self.pins.clear()
+        self.readers.close()
+
+
+def _close_if_alive(held: weakref.ref[_Held]) -> None:
+    alive = held()
+    if alive is not None:
+        alive.close()
 
 
 class NodeShardCache:
-    """The shards of one remote store kept on this node within ``budget`` bytes.
+    """The shards of one remote store kept on this node, within the node's ``budget``.
 
     Args:
         files: the remote store.
-        folder: this store's cache folder on the node.
+        folder: the node's shard cache (``<local_cache_dir>/shard-cache``); the store's own
+            folder in it is named after the store and its commit.
         shards: every shard's entry of the commit (``path``, ``size`` and checksum), in store order.
-        budget: bytes of shards kept at most (a reader that needs a shard now may go over it,
-            with a warning, when other readers hold every shard).
+        budget: bytes of shards this node keeps, for every store read shard by shard.
         retries: how failing reads of a shard are retried.
         description: names the source in messages.
     """
@@ -84,40 +125,55 @@ class NodeShardCache:
     def __init__(self, files: StoreFiles, folder: Path, shards: list[dict[str, Any]], budget: int,
                  retries: FetchRetries = FetchRetries(), description: str = "store") -> None:
         self.files = files
-        self.folder = Path(folder)
+        self.node_folder = Path(folder)
+        self.folder = self.node_folder / f"{files.name}-{commit_identity(shards)[:12]}"
         self.shards = shards
         self.budget = int(budget)
         self.retries = retries
         self.description = description
-        self._index = {entry["path"]: number for number, entry in enumerate(shards)}
-        self._pins: dict[int, int] = {}  # shard -> fd holding the shared lock (this process)
+        self._names = [cached_name(entry) for entry in shards]
+        self._index = {name: number for number, name in enumerate(self._names)}
         self._distance_from: Callable[[int, int], Callable[[int], float]] | None = None
         self._position: tuple[int, int] | None = None
-        self._readers = ReaderPositions(self.folder)
-        self._prefetcher: ShardPrefetcher | None = None
-        #: Called with a shard's number when this process evicts it (its mappings are then dropped).
-        self.on_evict: Callable[[int], None] | None = None
-        self._warned = False
+        self._start_here()
+
+    def _start_here(self) -> None:
+        """This process's state (new, or in a forked child: nothing inherited is kept)."""
         self._pid = os.getpid()
+        self._held = _Held(self.folder)
+        self._finalizer = weakref.finalize(self, _Held.close, self._held)
+        self._guard = threading.Lock()
+        self._warned = False
         self.downloaded_bytes = 0  # by this process
+        #: Called (from the reading thread) when a reader needs room and none can be made: the
+        #: owner lets go of mappings it keeps without needing them.
+        self.on_room_needed: Callable[[], None] | None = None
+        after_fork_in_child(self, NodeShardCache._forget_inherited)
+
+    def _forget_inherited(self) -> None:
+        self._finalizer.detach()
+        self._held.readers.forget_inherited()
+        self.files = StoreFiles(self.files.root, self.files.name)  # a parent's connections are not this process's
+        self._start_here()
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.update(_pins={}, _distance_from=None, _position=None, _prefetcher=None, downloaded_bytes=0)
+        state = {key: value for key, value in self.__dict__.items()
+                 if key not in ("_held", "_finalizer", "_guard", "on_room_needed", "_pid")}
+        state.update(_distance_from=None, _position=None)
         return state
 
-    def _store(self) -> StoreFiles:
-        """The remote store, with a filesystem made in this process (a forked dataloader worker
-        cannot use its parent's connections)."""
-        if self._pid != os.getpid():
-            self.files = StoreFiles(self.files.root, self.files.name)
-            self._pid = os.getpid()
-            self._pins, self._prefetcher, self.downloaded_bytes = {}, None, 0
-        return self.files
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.files = StoreFiles(self.files.root, self.files.name)
+        self._start_here()
+
+    def close(self) -> None:
+        """Stop the prefetch threads (a download in flight is abandoned) and let go of every pin."""
+        self._finalizer()
 
     def path(self, shard: int) -> Path:
         """Where shard ``shard`` lives on this node (when it is there)."""
-        return self.folder / self.shards[shard]["path"]
+        return self.folder / self._names[shard]
 
     def set_next_use(self, distance_from: Callable[[int, int], Callable[[int], float]], epoch: int, window: int) -> None:
         """Tell the cache where this reader is and how far away each shard's next use is from any
@@ -125,164 +181,206 @@ class NodeShardCache:
 
         Args:
             distance_from: from a position (pass, window) to a function from a shard's number to
-                how far in the pass order its next use lies.
+                how far in the pass order its next use lies; called from the prefetch threads
+                too, so it must be safe to call from any thread.
             epoch, window: this reader's position.
         """
         self._distance_from = distance_from
         self._position = (int(epoch), int(window))
-        self._readers.publish(epoch, window)
+        self._held.readers.publish(epoch, window)
 
     def _next_use(self) -> Callable[[int], float]:
         """Each shard's soonest next use by any reader of the node."""
-        if self._distance_from is None or self._position is None:
+        distance_from, position = self._distance_from, self._position
+        if distance_from is None or position is None:
             return lambda shard: 0.0
-        distances = [self._distance_from(*position) for position in {self._position, *self._readers.others()}]
+        distances = [distance_from(*where) for where in {position, *self._held.readers.others()}]
         return lambda shard: min(distance(shard) for distance in distances)
 
     # -- reading ---------------------------------------------------------------------------
-    def acquire(self, shard: int, wait_for_room: bool = True) -> Path:
+    def acquire(self, shard: int) -> Path:
         """Shard ``shard`` on this node, downloaded if needed, and pinned until :meth:`release`.
-
-        Args:
-            shard: the shard's number.
-            wait_for_room: when other readers hold the whole budget, wait up to
-                :data:`ROOM_WAIT_S` for room before going over it; ``False`` goes over it at once
-                (for a shard pinned only for a moment).
 
         Raises:
             StorageError, ShardCorruptError, LocalDiskFullError: the download failed (see
                 :func:`~lightning_tune_data.cache.shard_fetch.fetch_shard`).
+            LockWaitTimeout: a process holding the shard's lock (or every byte of the budget)
+                made no progress for :data:`LOCK_WAIT_S`.
         """
-        self._store()
-        if shard in self._pins:
+        pins = self._held.pins
+        if shard in pins:
             return self.path(shard)
+        self._held.readers.register()
         while True:
-            if self._prefetcher is not None:
-                self._prefetcher.wait_for(shard)
-            self._ensure(shard, must=True, wait_s=ROOM_WAIT_S if wait_for_room else 0.0)
+            if self._held.prefetcher is not None:
+                self._held.prefetcher.wait_for(shard)
+            self._ensure(shard, must=True)
             path = self.path(shard)
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:  # evicted between its download and now
                 continue
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                wait_for_lock(fd, path, False, LOCK_WAIT_S, f"shard {self.shards[shard]['path']} of {self.description}")
+            except BaseException:
+                os.close(fd)
+                raise
             if os.fstat(fd).st_nlink == 0:  # evicted while we took the lock
                 os.close(fd)
                 continue
-            self._pins[shard] = fd
+            pins[shard] = hold(fd)
             return path
 
     def release(self, shard: int) -> None:
-        """Unpin shard ``shard`` (it may be evicted from now on; a mapping of it stays valid)."""
-        fd = self._pins.pop(shard, None)
+        """Unpin shard ``shard`` (a mapping made by :meth:`map` keeps its own lock)."""
+        fd = self._held.pins.pop(shard, None)
         if fd is not None:
-            os.close(fd)
+            forget_held(fd)
+
+    def map(self, shard: int) -> mmap.mmap:
+        """Shard ``shard`` memory-mapped; the file stays on the node for as long as the mapping
+        lives (the mapping holds the shard's shared lock: it is dropped with the last view)."""
+        pinned_before = shard in self._held.pins
+        self.acquire(shard)
+        # mmap keeps its own duplicate of the pin's descriptor: the same open file, so the same
+        # lock, held until the mapping is gone whatever happens to the pin
+        mapping = mmap.mmap(self._held.pins[shard], 0, access=mmap.ACCESS_READ)
+        if not pinned_before:
+            self.release(shard)
+        return mapping
 
     def pinned(self) -> list[int]:
         """The shards this process pins."""
-        return sorted(self._pins)
+        return sorted(self._held.pins)
 
     def prefetch(self, shards: list[int]) -> None:
         """Download ``shards`` in the background, in the order given, as far as the budget allows
         now (replaces the previous request)."""
-        self._store()
-        missing = [shard for shard in shards if not self.path(shard).exists()]
+        missing = [shard for shard in shards if not self._present(shard)]
         if missing:
-            if self._prefetcher is None:
-                self._prefetcher = ShardPrefetcher(lambda shard: self._ensure(shard, must=False))
-            self._prefetcher.want(missing)
+            if self._held.prefetcher is None:
+                method = weakref.WeakMethod(self._fetch_ahead)
+                self._held.prefetcher = ShardPrefetcher(lambda shard: bool((fetch := method()) and fetch(shard)))
+                # a dataloader worker ends without running ``atexit``: close there too
+                multiprocessing.util.Finalize(None, _close_if_alive, args=(weakref.ref(self._held),), exitpriority=10)
+            self._held.prefetcher.want(missing)
+
+    def _fetch_ahead(self, shard: int) -> bool:
+        return self._ensure(shard, must=False)
 
     # -- room ------------------------------------------------------------------------------
-    def usage(self) -> int:
-        """Bytes of shards on this node, with the downloads in progress."""
-        return sum(size for _, _, size in self._contents())
+    def node_usage(self) -> int:
+        """Bytes the node's shard cache holds, every store's, downloads in progress included."""
+        return sum(item.size for item in node_contents(self.node_folder))
 
-    def _contents(self) -> list[tuple[Path, int | None, int]]:
-        """``(path, shard number or None for a download in progress, bytes)`` of the folder;
-        partial files of processes that died are removed."""
-        found = []
-        for directory, _, names in os.walk(self.folder):
-            if _LOCKS in Path(directory).parts or READERS_FOLDER in Path(directory).parts:
-                continue
-            for name in names:
-                path = Path(directory) / name
-                relative = path.relative_to(self.folder).as_posix()
-                if _PARTIAL in name:
-                    owner = name.rsplit(_PARTIAL, 1)[1].split("-", 1)[0]
-                    if owner.isdigit() and not process_alive(int(owner)):
-                        path.unlink(missing_ok=True)
-                        continue
-                    shard = self._index.get(relative.rsplit(_PARTIAL, 1)[0])
-                    if shard is not None:
-                        found.append((path, None, int(self.shards[shard]["size"])))
-                    continue
-                shard = self._index.get(relative)
-                if shard is not None:
-                    try:
-                        found.append((path, shard, path.stat().st_size))
-                    except FileNotFoundError:
-                        continue
-        return found
+    def _present(self, shard: int) -> bool:
+        try:
+            return self.path(shard).stat().st_size == int(self.shards[shard]["size"])
+        except FileNotFoundError:
+            return False
 
-    def _make_room(self, size: int) -> bool:
-        """Evict unpinned shards, needed furthest away first, until ``size`` more bytes fit."""
-        contents = self._contents()
-        used = sum(size for _, _, size in contents)
+    @contextlib.contextmanager
+    def _room_lock(self) -> Iterator[None]:
+        self.node_folder.mkdir(parents=True, exist_ok=True)
+        path = self.node_folder / _ROOM_LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            wait_for_lock(fd, path, True, LOCK_WAIT_S, "the node's shard cache room")
+            yield
+        finally:
+            os.close(fd)
+
+    def _make_room(self, size: int, before: float | None) -> tuple[bool, int]:
+        """Evict what goes first until ``size`` more bytes fit; whether they do, and the bytes used."""
+        contents = node_contents(self.node_folder)
+        used = sum(item.size for item in contents)
         if used + size <= self.budget:
-            return True
-        distance = self._next_use()
-        present = sorted((item for item in contents if item[1] is not None), key=lambda item: -distance(item[1]))
-        for path, shard, shard_size in present:
-            fd = _try_exclusive(path)
-            if fd is None:
-                continue
-            try:
-                path.unlink(missing_ok=True)
-            finally:
-                os.close(fd)
-            log.debug("%s: evicted %s", self.description, self.shards[shard]["path"])
-            if self.on_evict is not None:
-                self.on_evict(shard)
-            used -= shard_size
-            if used + size <= self.budget:
-                return True
-        return False
+            return True, used
+        for item in eviction_order(contents, self.folder, self._index, self._next_use(), before):
+            if evict(item.path):
+                log.debug("%s: evicted %s", self.description, item.path)
+                used -= item.size
+                if used + size <= self.budget:
+                    return True, used
+        return False, used
 
-    def _ensure(self, shard: int, must: bool, wait_s: float = ROOM_WAIT_S) -> bool:
-        """Make sure shard ``shard`` is on this node; ``False`` when ``must`` is off and there is no room."""
+    def _reserve(self, shard: int, must: bool) -> tuple[Path, int] | None:
+        """Room for shard ``shard``: a partial file claimed by this process (counted by every
+        process from now on), or ``None`` when there is none now and ``must`` is off."""
+        size = int(self.shards[shard]["size"])
         target = self.path(shard)
-        if target.exists():
+        started = time.monotonic()
+        before = None if must else self._next_use()(shard)
+        delay = 0.01
+        while True:
+            with self._room_lock():
+                fits, used = self._make_room(size, before)
+                waited = time.monotonic() - started
+                over = not fits and must and waited > ROOM_WAIT_S and used <= self.budget
+                if fits or over:
+                    if over and not self._warned:
+                        self._warned = True
+                        warnings.warn(
+                            f"{self.description}: the node's shard cache at {self.node_folder} goes over its budget by "
+                            f"one shard ({human_size(used + size)} > {human_size(self.budget)}): readers on this node "
+                            "hold every cached shard. Raise cache_budget or lower shuffle_window.", stacklevel=4)
+                    partial = target.with_name(f"{target.name}{PARTIAL_TAG}{size}-{uuid.uuid4().hex[:8]}")
+                    return partial, claim(partial)
+            if not must:
+                return None
+            if self.on_room_needed is not None:
+                self.on_room_needed()
+            if waited > ROOM_WAIT_S + LOCK_WAIT_S:
+                raise LockWaitTimeout(
+                    f"{self.description}: waited {waited:.0f} s for {human_size(size)} of room in the node's shard cache "
+                    f"at {self.node_folder} ({human_size(used)} used of a {human_size(self.budget)} cache_budget): "
+                    "readers of this node hold every cached shard and one is already over the budget. Raise "
+                    "cache_budget, lower shuffle_window, or end the stopped processes reading there.")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def _ensure(self, shard: int, must: bool) -> bool:
+        """Make sure shard ``shard`` is on this node; ``False`` when ``must`` is off and there is no room."""
+        if self._present(shard):
             return True
-        entry = self.shards[shard]
-        locks = self.folder / _LOCKS
+        target = self.path(shard)
+        locks = self.folder / DOWNLOAD_LOCKS
         locks.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(locks / (entry["path"].replace("/", "__") + ".lock"))).acquire(poll_interval=_POLL_S):
-            if target.exists():
+        lock_path = locks / (self._names[shard].replace("/", "__") + ".lock")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            wait_for_lock(fd, lock_path, True, LOCK_WAIT_S, f"the download of {target.name}",
+                          progress=lambda: [p.stat().st_size for p in target.parent.glob(target.name + PARTIAL_TAG + "*")])
+            if self._present(shard):
                 return True  # another process downloaded it meanwhile
             target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(f"{target.name}{_PARTIAL}{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            waited_until = time.monotonic() + wait_s
-            while True:
-                with FileLock(str(locks / "room.lock")).acquire(poll_interval=_POLL_S):
-                    if self._make_room(int(entry["size"])) or (must and time.monotonic() > waited_until):
-                        partial.touch()  # the reservation: counted by every process from now on
-                        break
-                if not must:
-                    return False
-                time.sleep(0.05)
-            if self.usage() > self.budget and wait_s > 0 and not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"{self.description}: the node's shard cache at {self.folder} goes over its budget "
-                    f"({human_size(self.usage())} > {human_size(self.budget)}): readers on this node hold every cached "
-                    "shard. Raise cache_budget or lower shuffle_window.", stacklevel=2)
+            if target.exists():
+                evict(target)  # a file of the right name but not the recorded size: never trusted
+            reserved = self._reserve(shard, must)
+            if reserved is None:
+                return False
+            partial, owner = reserved
             try:
-                fetch_shard(self._store(), entry["path"], entry, partial, self.retries, self._count)
+                fetch_shard(self._store(), self.shards[shard]["path"], self.shards[shard], partial, self.retries,
+                            self._count)
                 os.replace(partial, target)
             except BaseException:
                 partial.unlink(missing_ok=True)
                 raise
+            finally:
+                release(owner)
+        finally:
+            os.close(fd)
         return True
 
+    def _store(self) -> StoreFiles:
+        if self._pid != os.getpid():  # a child started another way than fork
+            self._forget_inherited()
+        return self.files
+
     def _count(self, size: int) -> None:
-        self.downloaded_bytes += size
+        prefetcher = self._held.prefetcher
+        if prefetcher is not None and prefetcher.stopped and prefetcher.runs_here():
+            raise _CacheClosed(f"{self.description}: the cache was closed")
+        with self._guard:
+            self.downloaded_bytes += size

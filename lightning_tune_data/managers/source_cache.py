@@ -20,6 +20,7 @@ import datasets
 from lightning_tune_data.cache.cached_store import CachedStore, shuffle_window_for
 from lightning_tune_data.cache.checksums import VerifyMode
 from lightning_tune_data.cache.layout import cache_folder, find_cache, other_caches
+from lightning_tune_data.cache.local_disk import check_shard_cache_disk
 from lightning_tune_data.cache.marker import COMPLETE_MARKER, is_valid_cache, marker_matches, read_cache_metadata
 from lightning_tune_data.cache.mirror import download_store, upload_store
 from lightning_tune_data.cache.node_cache import NODE_CACHE_FOLDER
@@ -160,7 +161,9 @@ class SourceCache:
         ``cache_budget`` the store's shards exceed; ``None`` when it is copied whole.
 
         Raises:
-            ValueError: The budget cannot hold a shuffle window and the next one.
+            ValueError: The budget cannot hold a shuffle window and the next one; or
+                ``local_cache_dir`` is on a network filesystem, or its disk has less room than
+                the budget.
         """
         budget = self.root.cache_budget
         if not self.root.is_remote or budget is None or not (content.get("store") or {}).get("shards"):
@@ -169,8 +172,9 @@ class SourceCache:
         if sum(sizes) <= budget:
             return None
         window = shuffle_window_for(sizes, budget, self.root.shuffle_window, self.description)
-        folder = self.root.local_dir / NODE_CACHE_FOLDER / files.name
-        return CachedStore(files, content, folder, budget, window, self.description)
+        store = CachedStore(files, content, self.root.local_dir / NODE_CACHE_FOLDER, budget, window, self.description)
+        check_shard_cache_disk(store.cache.node_folder, budget, store.cache.node_usage(), self.description)
+        return store
 
     def local_store(self, inputs: Mapping[str, Any] | None = None) -> Path:
         """This node's committed copy of the store (downloaded first for a remote root).

@@ -121,6 +121,7 @@ class WindowReads:
         self._order_of = order_of
         self._columns = columns
         self._at: tuple[int, int] | None = None
+        self._shard_windows: dict[int, np.ndarray] = {}  # pass -> window of every shard (replaced, never changed)
         self.released: set[int] = set()  # shards let go of since the reader last asked
 
     def moved_to(self, epoch: int, positions: np.ndarray) -> int:
@@ -137,9 +138,14 @@ class WindowReads:
 
     def _distances(self, epoch: int, window: int) -> Callable[[int], float]:
         """From a reader at ``window`` of pass ``epoch``: each shard's next use, in windows (its
-        window later in this pass, or in the next pass)."""
-        order, following = self._order_of(epoch), self._order_of(epoch + 1)
-        this_pass, next_pass, windows = order.shard_windows(), following.shard_windows(), order.num_windows
+        window later in this pass, or in the next pass). Called by the cache from its prefetch
+        threads: it reads only the snapshot of the passes' shard windows taken when this reader
+        entered its window (a position outside them counts every shard as needed now)."""
+        known = self._shard_windows
+        if epoch not in known or epoch + 1 not in known:
+            return lambda shard: 0.0
+        this_pass, next_pass = known[epoch], known[epoch + 1]
+        windows = int(this_pass.max()) + 1
 
         def distance(shard: int) -> float:
             first = int(this_pass[shard])
@@ -156,13 +162,13 @@ class WindowReads:
         upcoming += [following.shards_of_window(w).tolist() for w in range(following.num_windows)]
         keep = set(upcoming[0]) | set(upcoming[1] if len(upcoming) > 1 else [])
         cache = self._store.cache
-        for shard in cache.pinned():
+        for shard in self._store.pinned():
             if shard not in keep:
                 self._store.close_shard(shard)
                 self.released.add(shard)
-        self._store.unmap_evicted()
         for column in self._columns:
             column.keep_only(keep)
+        self._shard_windows = {epoch: order.shard_windows(), epoch + 1: following.shard_windows()}
         cache.set_next_use(self._distances, epoch, window)
         wanted, room, seen = [], cache.budget // 2, set()
         for number, shards in enumerate(upcoming):

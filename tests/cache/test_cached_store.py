@@ -110,9 +110,9 @@ def test_open_shard_downloads_only_that_shard_and_keeps_it_pinned_until_closed(s
 
     assert opened.column("input_ids").to_pylist() == table.column("input_ids").to_pylist()[first:last]
     assert [fault_proxy.gets(shard["path"]) for shard in shards] == [0, 0, 1] + [0] * (len(shards) - 3)
-    assert store.cache.pinned() == [2]
+    assert store.pinned() == [2]
     store.close_shard(2)
-    assert store.cache.pinned() == []
+    assert store.pinned() == []
     assert store.open_shard(2).num_rows == last - first
     assert fault_proxy.gets(shards[2]["path"]) == 1  # still on the node: not fetched again
 
@@ -128,9 +128,9 @@ def test_every_row_read_through_a_budget_of_two_shards_matches_the_store_and_usa
     rows, worst = [], 0
     for shard in range(store.num_shards):
         rows += store.open_shard(shard).column("input_ids").to_pylist()
-        worst = max(worst, store.cache.usage())
+        worst = max(worst, store.cache.node_usage())
         store.close_shard(shard)
 
     assert rows == table.column("input_ids").to_pylist()
-    assert worst <= budget and store.cache.usage() <= budget
+    assert worst <= budget and store.cache.node_usage() <= budget
     assert sum(store.cache.path(shard).exists() for shard in range(store.num_shards)) < store.num_shards  # evicted

@@ -38,7 +38,7 @@ def main() -> None:
     caches = {name: datamodule.dataset("train", name).cache for name in datamodule.dataset_managers["train"]}
     write_rank_json(run_dir, trainer, {
         "steps": trainer.global_step, "sources": recorder.sources,
-        "caches": {name: {"folder": str(cache.folder), "budget": cache.budget, "usage": cache.usage()}
+        "caches": {name: {"folder": str(cache.folder), "budget": cache.budget, "usage": cache.node_usage()}
                    for name, cache in caches.items()},
     })
     finish()

@@ -36,14 +36,16 @@ RETIRED_WINDOWS = 1
 WINDOWS_KEPT = 2
 
 
-def shuffle_window_for(shard_sizes: list[int], budget: int, window: int | None, description: str) -> int:
+def shuffle_window_for(shard_sizes: list[int], budget: int, window: int | None, description: str,
+                       sharers: int = 1) -> int:
     """Shards per shuffle window for a store read through ``budget`` bytes.
 
     Args:
         shard_sizes: every shard's size in bytes.
-        budget: the node cache's budget for the store.
+        budget: the store's share of the node cache's budget.
         window: the window asked for; ``None`` derives it (a quarter of the budget's shards).
         description: names the source in errors.
+        sharers: how many train stores share the node's ``cache_budget`` (for the message).
 
     Raises:
         ValueError: the budget cannot hold the windows a reader keeps (:data:`WINDOWS_KEPT`).
@@ -57,10 +59,12 @@ def shuffle_window_for(shard_sizes: list[int], budget: int, window: int | None, 
     needed = WINDOWS_KEPT * window * largest
     if needed > budget:
         size = human_size if human_size(budget) != human_size(needed) else (lambda count: f"{count:,} bytes")
+        shared = (f" (cache_budget is the node's, shared by {sharers} train stores: {size(budget)} each)"
+                  if sharers > 1 else "")
         raise ValueError(
-            f"{description}: cache_budget {size(budget)} cannot hold a shuffle window of {window} shard(s) and the "
-            f"next window fetched ahead ({WINDOWS_KEPT * window} shards of up to {human_size(largest)}: {size(needed)}). "
-            f"Raise cache_budget to at least {size(needed)}, or lower shuffle_window"
+            f"{description}: cache_budget {size(budget * sharers)} cannot hold a shuffle window of {window} shard(s) and "
+            f"the next window fetched ahead ({WINDOWS_KEPT * window} shards of up to {human_size(largest)}: "
+            f"{size(needed)}){shared}. Raise cache_budget to at least {size(needed * sharers)}, or lower shuffle_window"
             + ("." if window > 1 else " (it is already 1 shard: the store's shards are large; prepare it with a smaller shard_size).")
         )
     return int(window)
@@ -83,16 +87,19 @@ class CachedStore:
         window: shards per shuffle window.
         description: names the source in messages.
         retries: how failing reads of a shard are retried.
+        share: this store's share of the budget (what its windows and fetches ahead are sized
+            to; default: all of it).
     """
 
     def __init__(self, files: StoreFiles, content: dict[str, Any], folder: Path, budget: int, window: int,
-                 description: str, retries: FetchRetries = FetchRetries()) -> None:
+                 description: str, retries: FetchRetries = FetchRetries(), share: int | None = None) -> None:
         store = content["store"]
         recorded = content.get("files") or {}
         self.shards = [{**recorded[entry["path"]], **entry} for entry in store["shards"]]
         self.columns = list(store.get("columns") or [])
         self.window = int(window)
         self.budget = int(budget)
+        self.share = int(budget if share is None else share)
         self.description = description
         self.shard_rows = np.array([int(entry["rows"]) for entry in self.shards], dtype=np.int64)
         self.shard_starts = np.concatenate([[0], np.cumsum(self.shard_rows)]).astype(np.int64)

@@ -22,7 +22,7 @@ from typing import Any
 
 from lightning_tune_data.cache.marker import is_valid_cache
 
-__all__ = ["DOWNLOAD_FOLDER", "cache_folder", "find_cache", "is_orphan_lock", "is_temporary_folder", "lock_path", "other_caches", "process_alive", "safe_name", "temporary_prefix"]
+__all__ = ["DOWNLOAD_FOLDER", "cache_folder", "find_cache", "is_orphan_lock", "is_temporary_folder", "lock_path", "other_caches", "safe_name", "temporary_prefix"]
 
 #: Folder of a cache root where ``datasets`` keeps what it converts from local data files.
 DOWNLOAD_FOLDER = "hf_datasets"
@@ -115,15 +115,3 @@ def is_orphan_lock(path: Path) -> bool:
         path: An entry of a cache root.
     """
     return path.suffix == LOCK_SUFFIX and not path.with_suffix("").exists()
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this machine (what a leftover file named after its writer
-    tells: a partial download or staging folder of a process that ended is never finished)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

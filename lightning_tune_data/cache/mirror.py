@@ -21,10 +21,11 @@ from typing import Any
 from filelock import FileLock
 from tqdm.auto import tqdm
 
-from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM, VerifyMode, file_checksum, verify_files
+from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM, VerifyMode, verify_files
 from lightning_tune_data.cache.fingerprints import canonical_json
 from lightning_tune_data.cache.layout import lock_path, temporary_prefix
-from lightning_tune_data.cache.marker import COMPLETE_MARKER, marker_matches, read_cache_metadata
+from lightning_tune_data.cache.marker import COMPLETE_MARKER, read_cache_metadata
+from lightning_tune_data.cache.shard_fetch import ShardCorruptError, fetch_shard, stored_checksum
 from lightning_tune_data.cache.sizes import human_size
 from lightning_tune_data.cache.store_files import StoreFiles
 from lightning_tune_data.cache.tasks import TaskManifest, done_marker_path, task_manifest_path
@@ -40,24 +41,12 @@ class StoreCorruptError(OSError):
 
 
 def _fetch_verified(files: StoreFiles, relative: str, expected: dict[str, Any], target: Path) -> None:
+    """One file of the store, through the same ranged, retried, verified fetch as a node's shards."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    problem = ""
-    for _ in range(2):  # a short or damaged transfer is fetched once more before it is named
-        files.get(relative, target)
-        size = target.stat().st_size
-        if size != expected.get("size"):
-            problem = f"{size} bytes arrived, {expected.get('size')} were written"
-            continue
-        want = expected.get(CHECKSUM_ALGORITHM)
-        got = file_checksum(target) if want else None
-        if got == want:
-            return
-        problem = f"{CHECKSUM_ALGORITHM} {got} != {want} recorded when it was written"
-    raise StoreCorruptError(
-        f"{files.url(relative)} is corrupt ({problem}): its bytes in storage changed after it was written. "
-        f"Delete the store (lightning-tune-data cache clean --cache-dir {files.root.url} --all, or remove "
-        f"{files.url()}) and prepare it again."
-    )
+    try:
+        fetch_shard(files, relative, expected, target)
+    except ShardCorruptError as error:
+        raise StoreCorruptError(error.errno, str(error)) from None
 
 
 def _intact_copy(local_folder: Path, content: dict[str, Any], verify_mode: VerifyMode, warn: bool = True) -> bool:
@@ -111,8 +100,9 @@ def download_store(files: StoreFiles, content: dict[str, Any], local_folder: Pat
                     _fetch_verified(files, relative, expected, temp / relative)
                     bar.update(int(expected.get("size", 0)))
             (temp / COMPLETE_MARKER).write_bytes(files.read_bytes(COMPLETE_MARKER) or b"")
-            if not marker_matches(read_cache_metadata(temp), content.get("metadata")):
-                raise StoreCorruptError(f"{files.url(COMPLETE_MARKER)} changed during the download; run again.")
+            if canonical_json(read_cache_metadata(temp)) != canonical_json(content):  # the whole commit, not its metadata only
+                raise StoreCorruptError(f"{files.url(COMPLETE_MARKER)} changed during the download (the store was "
+                                        "prepared again meanwhile); run again.")
             os.replace(temp, local_folder)
         except BaseException:
             shutil.rmtree(temp, ignore_errors=True)
@@ -121,9 +111,17 @@ def download_store(files: StoreFiles, content: dict[str, Any], local_folder: Pat
     return local_folder
 
 
+def _already_uploaded(files: StoreFiles, relative: str, expected: dict[str, Any]) -> bool:
+    """Whether storage holds the recorded bytes of ``relative`` (same size, same checksum)."""
+    want = expected.get(CHECKSUM_ALGORITHM)
+    if want is None:
+        return False
+    return stored_checksum(files, relative, int(expected.get("size", 0))) == want
+
+
 def upload_store(local_folder: Path, files: StoreFiles, description: str) -> None:
-    """Upload a complete local store: every file (those already there with the right size are
-    kept), then the commit.
+    """Upload a complete local store: every file (one already there is kept only when its bytes
+    match the recorded checksum), then the commit.
 
     Args:
         local_folder: A complete local store.
@@ -137,7 +135,7 @@ def upload_store(local_folder: Path, files: StoreFiles, description: str) -> Non
     with tqdm(total=sum(int(e.get("size", 0)) for e in recorded.values()), unit="B", unit_scale=True,
               desc=f"Uploading {local_folder.name}", leave=False) as bar:
         for relative, expected in sorted(recorded.items()):
-            if files.size(relative) != expected.get("size"):
+            if not _already_uploaded(files, relative, expected):
                 files.put(local_folder / relative, relative)
             bar.update(int(expected.get("size", 0)))
     files.put(local_folder / COMPLETE_MARKER, COMPLETE_MARKER)

@@ -42,7 +42,7 @@ import xxhash
 from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM
 from lightning_tune_data.cache.fingerprints import canonical_json
 from lightning_tune_data.cache.node_room import (
-    DOWNLOAD_LOCKS, PARTIAL_TAG, evict, eviction_order, node_contents,
+    DOWNLOAD_LOCKS, PARTIAL_TAG, evict, eviction_order, make_room, node_contents, room_lock,
 )
 from lightning_tune_data.cache.owners import (
     LockWaitTimeout, after_fork_in_child, claim, forget_held, hold, release, wait_for_lock,
@@ -64,7 +64,6 @@ NODE_CACHE_FOLDER = "shard-cache"
 ROOM_WAIT_S = 30.0
 #: The longest wait for a lock (or for room) while its holder makes no progress.
 LOCK_WAIT_S = 120.0
-_ROOM_LOCK = ".room.lock"
 
 
 class _CacheClosed(Exception):
@@ -103,6 +102,15 @@ class _Held:
         self.readers.close()
 
 
+def _partial_bytes(target: Path) -> int:
+    """Bytes of the partial downloads of ``target`` (they grow while a download makes progress)."""
+    total = 0
+    for partial in target.parent.glob(target.name + PARTIAL_TAG + "*"):
+        with contextlib.suppress(FileNotFoundError):
+            total += partial.stat().st_size
+    return total
+
+
 def _close_if_alive(held: weakref.ref[_Held]) -> None:
     alive = held()
     if alive is not None:
@@ -139,7 +147,6 @@ class NodeShardCache:
 
     def _start_here(self) -> None:
         """This process's state (new, or in a forked child: nothing inherited is kept)."""
-        self._pid = os.getpid()
         self._held = _Held(self.folder)
         self._finalizer = weakref.finalize(self, _Held.close, self._held)
         self._guard = threading.Lock()
@@ -158,7 +165,7 @@ class NodeShardCache:
 
     def __getstate__(self) -> dict[str, Any]:
         state = {key: value for key, value in self.__dict__.items()
-                 if key not in ("_held", "_finalizer", "_guard", "on_room_needed", "_pid")}
+                 if key not in ("_held", "_finalizer", "_guard", "on_room_needed")}
         state.update(_distance_from=None, _position=None)
         return state
 
@@ -168,8 +175,12 @@ class NodeShardCache:
         self._start_here()
 
     def close(self) -> None:
-        """Stop the prefetch threads (a download in flight is abandoned) and let go of every pin."""
+        """Stop the prefetch threads (a download in flight is abandoned) and let go of every pin
+        (also done when the cache is garbage collected, or its process ends); reading again
+        afterwards starts afresh."""
         self._finalizer()
+        self._held = _Held(self.folder)
+        self._finalizer = weakref.finalize(self, _Held.close, self._held)
 
     def path(self, shard: int) -> Path:
         """Where shard ``shard`` lives on this node (when it is there)."""
@@ -259,14 +270,11 @@ class NodeShardCache:
         missing = [shard for shard in shards if not self._present(shard)]
         if missing:
             if self._held.prefetcher is None:
-                method = weakref.WeakMethod(self._fetch_ahead)
-                self._held.prefetcher = ShardPrefetcher(lambda shard: bool((fetch := method()) and fetch(shard)))
+                method = weakref.WeakMethod(self._ensure)  # the threads must not keep the cache alive
+                self._held.prefetcher = ShardPrefetcher(lambda shard: bool((ensure := method()) and ensure(shard, False)))
                 # a dataloader worker ends without running ``atexit``: close there too
                 multiprocessing.util.Finalize(None, _close_if_alive, args=(weakref.ref(self._held),), exitpriority=10)
             self._held.prefetcher.want(missing)
-
-    def _fetch_ahead(self, shard: int) -> bool:
-        return self._ensure(shard, must=False)
 
     # -- room ------------------------------------------------------------------------------
     def node_usage(self) -> int:
@@ -279,31 +287,6 @@ class NodeShardCache:
         except FileNotFoundError:
             return False
 
-    @contextlib.contextmanager
-    def _room_lock(self) -> Iterator[None]:
-        self.node_folder.mkdir(parents=True, exist_ok=True)
-        path = self.node_folder / _ROOM_LOCK
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            wait_for_lock(fd, path, True, LOCK_WAIT_S, "the node's shard cache room")
-            yield
-        finally:
-            os.close(fd)
-
-    def _make_room(self, size: int, before: float | None) -> tuple[bool, int]:
-        """Evict what goes first until ``size`` more bytes fit; whether they do, and the bytes used."""
-        contents = node_contents(self.node_folder)
-        used = sum(item.size for item in contents)
-        if used + size <= self.budget:
-            return True, used
-        for item in eviction_order(contents, self.folder, self._index, self._next_use(), before):
-            if evict(item.path):
-                log.debug("%s: evicted %s", self.description, item.path)
-                used -= item.size
-                if used + size <= self.budget:
-                    return True, used
-        return False, used
-
     def _reserve(self, shard: int, must: bool) -> tuple[Path, int] | None:
         """Room for shard ``shard``: a partial file claimed by this process (counted by every
         process from now on), or ``None`` when there is none now and ``must`` is off."""
@@ -313,8 +296,10 @@ class NodeShardCache:
         before = None if must else self._next_use()(shard)
         delay = 0.01
         while True:
-            with self._room_lock():
-                fits, used = self._make_room(size, before)
+            with room_lock(self.node_folder, LOCK_WAIT_S):
+                fits, used = make_room(self.node_folder, self.budget, size,
+                                       lambda contents: eviction_order(contents, self.folder, self._index, self._next_use(),
+                                                                       before))
                 waited = time.monotonic() - started
                 over = not fits and must and waited > ROOM_WAIT_S and used <= self.budget
                 if fits or over:
@@ -350,7 +335,7 @@ class NodeShardCache:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             wait_for_lock(fd, lock_path, True, LOCK_WAIT_S, f"the download of {target.name}",
-                          progress=lambda: [p.stat().st_size for p in target.parent.glob(target.name + PARTIAL_TAG + "*")])
+                          progress=lambda: _partial_bytes(target))
             if self._present(shard):
                 return True  # another process downloaded it meanwhile
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -361,7 +346,7 @@ class NodeShardCache:
                 return False
             partial, owner = reserved
             try:
-                fetch_shard(self._store(), self.shards[shard]["path"], self.shards[shard], partial, self.retries,
+                fetch_shard(self.files, self.shards[shard]["path"], self.shards[shard], partial, self.retries,
                             self._count)
                 os.replace(partial, target)
             except BaseException:
@@ -372,11 +357,6 @@ class NodeShardCache:
         finally:
             os.close(fd)
         return True
-
-    def _store(self) -> StoreFiles:
-        if self._pid != os.getpid():  # a child started another way than fork
-            self._forget_inherited()
-        return self.files
 
     def _count(self, size: int) -> None:
         prefetcher = self._held.prefetcher

@@ -22,19 +22,26 @@ store's shards by next use, furthest first, then shards of stores that other liv
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightning_tune_data.cache.owners import CLAIMING_SUFFIX, claimed, remove_if_unclaimed
+from lightning_tune_data.cache.owners import CLAIMING_SUFFIX, claimed, remove_if_unclaimed, wait_for_lock
 from lightning_tune_data.cache.reader_positions import READERS_FOLDER, ReaderPositions
 
-__all__ = ["DOWNLOAD_LOCKS", "PARTIAL_TAG", "CacheFile", "evict", "eviction_order", "node_contents", "partial_size"]
+__all__ = ["DOWNLOAD_LOCKS", "PARTIAL_TAG", "ROOM_LOCK", "CacheFile", "evict", "eviction_order", "make_room",
+           "node_contents", "partial_size", "room_lock"]
+
+log = logging.getLogger("lightning_tune_data.cache.store")
 
 #: Marks a download in progress: ``<shard file>.partial-<bytes>-<random>``.
 PARTIAL_TAG = ".partial-"
+#: The node's room lock, in the shard cache folder: room is made by one process at a time.
+ROOM_LOCK = ".room.lock"
 #: Folder of a store's cache holding one lock file per shard (downloads of a shard are serialised).
 DOWNLOAD_LOCKS = ".locks"
 
@@ -127,6 +134,39 @@ def eviction_order(contents: list[CacheFile], own: Path, named: dict[str, int],
             others.append(item)
     mine.sort(key=lambda pair: pair[0])
     return stale + [item for _, item in mine] + others
+
+
+@contextlib.contextmanager
+def room_lock(node_folder: Path, timeout_s: float) -> Iterator[None]:
+    """Hold the node's room lock (one for every store of the node), waiting at most ``timeout_s``."""
+    node_folder.mkdir(parents=True, exist_ok=True)
+    path = node_folder / ROOM_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        wait_for_lock(fd, path, True, timeout_s, "the node's shard cache room")
+        yield
+    finally:
+        os.close(fd)
+
+
+def make_room(node_folder: Path, budget: int, size: int,
+              order: Callable[[list[CacheFile]], list[CacheFile]]) -> tuple[bool, int]:
+    """Evict files, in ``order``, until ``size`` more bytes fit in ``budget`` (under :func:`room_lock`).
+
+    Returns:
+        Whether they fit, and the bytes the node's cache holds then.
+    """
+    contents = node_contents(node_folder)
+    used = sum(item.size for item in contents)
+    if used + size <= budget:
+        return True, used
+    for item in order(contents):
+        if evict(item.path):
+            log.debug("evicted %s", item.path)
+            used -= item.size
+            if used + size <= budget:
+                return True, used
+    return False, used
 
 
 def evict(path: Path) -> bool:

@@ -76,9 +76,12 @@ class StoreRoot:
         local_dir: The node-local folder: for a local root, the root itself; for a remote one,
             where this node keeps its verified copies (default :func:`default_local_cache_dir`).
         shard_bytes: New stores close a shard once it holds about this many bytes.
-        cache_budget: For a remote root, the most bytes of each train store's shards this node
-            keeps; a store larger than that is read shard by shard, window by window, instead
-            of being copied whole. ``None``: train stores are copied whole.
+        cache_budget: For a remote root, the most bytes of train stores' shards this node keeps
+            in its shard cache, for every store read shard by shard on the node together; a
+            store larger than its share is read shard by shard, window by window, instead of
+            being copied whole. ``None``: train stores are copied whole.
+        budget_sharers: How many train stores share ``cache_budget`` (each store's shuffle
+            window is sized to its share).
         shuffle_window: Shards a budgeted store's shuffle mixes at a time (``None``: derived
             from the budget).
     """
@@ -89,6 +92,7 @@ class StoreRoot:
     shard_bytes: int = DEFAULT_SHARD_BYTES
     cache_budget: int | None = None
     shuffle_window: int | None = None
+    budget_sharers: int = 1
 
     def __post_init__(self) -> None:
         url = os.fspath(self.url)
@@ -132,10 +136,20 @@ class StoreRoot:
         if url is None:
             return self
         moved = StoreRoot(os.fspath(url), self.storage_options, shard_bytes=self.shard_bytes,
-                          cache_budget=self.cache_budget, shuffle_window=self.shuffle_window)
+                          cache_budget=self.cache_budget, shuffle_window=self.shuffle_window,
+                          budget_sharers=self.budget_sharers)
         if moved.is_remote and self.is_remote:
             return replace(moved, local_dir=self.local_dir)
         return moved
+
+    def shared_by(self, stores: int) -> StoreRoot:
+        """This root with its ``cache_budget`` shared by ``stores`` train stores."""
+        return replace(self, budget_sharers=max(1, int(stores)))
+
+    @property
+    def budget_share(self) -> int | None:
+        """One train store's share of ``cache_budget`` (``None`` without a budget)."""
+        return None if self.cache_budget is None else self.cache_budget // self.budget_sharers
 
     def unbudgeted(self) -> StoreRoot:
         """This root with whole copies of its stores (evaluation sources are read whole)."""

@@ -1,4 +1,5 @@
-"""Fetching one shard of a remote store into a local file: in ranges, retried, verified.
+"""Fetching one file of a remote store into a local file: in ranges, retried, verified (the one
+download-and-verify path: the node's shard cache and whole copies of a store both use it).
 
 A shard is read in ranges of :data:`RANGE_BYTES`; a range that fails with a network error (a
 dropped connection, a 5xx the filesystem gives up on) is read again after a backoff that doubles
@@ -13,7 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from lightning_tune_data.cache.root import StorageError
 from lightning_tune_data.cache.sizes import human_size
 from lightning_tune_data.cache.store_files import StoreFiles
 
-__all__ = ["RANGE_BYTES", "FetchRetries", "LocalDiskFullError", "ShardCorruptError", "fetch_shard"]
+__all__ = ["RANGE_BYTES", "FetchRetries", "LocalDiskFullError", "ShardCorruptError", "fetch_shard", "stored_checksum"]
 
 #: Bytes read from storage per request.
 RANGE_BYTES = 16 << 20
@@ -90,48 +91,77 @@ def _download(files: StoreFiles, relative: str, size: int, target: Path, retries
         raise
 
 
+def _chunks(files: StoreFiles, relative: str, size: int, retries: FetchRetries) -> Iterator[bytes]:
+    """The file's bytes, range by range, each range retried with backoff; stops early when the
+    storage has fewer bytes than ``size``."""
+    written = 0
+    while written < size or written == 0:
+        start = written
+        end = min(start + RANGE_BYTES, size) if size else RANGE_BYTES
+        failures = 0
+        while True:
+            try:
+                chunk = _read_range(files, relative, start, end)
+                break
+            except FileNotFoundError:
+                raise StorageError(f"{files.url(relative)} is missing from the store; the store in storage is "
+                                   "incomplete. Prepare it again.") from None
+            except Exception as error:  # noqa: BLE001 - s3fs/aiohttp/botocore errors have no common base
+                if failures >= retries.max_retries:
+                    raise StorageError(
+                        f"Downloading {files.url(relative)} failed at byte {written} of {size} "
+                        f"({type(error).__name__}: {str(error).strip()[:200]}) after {failures} retries with backoff. "
+                        "Check the network and the storage, or raise the retries."
+                    ) from error
+                time.sleep(min(retries.backoff_s * 2**failures, retries.max_backoff_s))
+                failures += 1
+        if not chunk:
+            return
+        yield chunk
+        written += len(chunk)
+        if len(chunk) < end - start:  # the storage has fewer bytes than recorded
+            return
+
+
 def _write_ranges(files: StoreFiles, relative: str, size: int, target: Path, retries: FetchRetries,
                   on_bytes: Callable[[int], None] | None) -> tuple[int, str]:
     digest = xxhash.xxh3_128()
     written = 0
     with open(target, "wb") as handle:
-        while written < size or written == 0:
-            start = written
-            end = min(start + RANGE_BYTES, size) if size else RANGE_BYTES
-            failures = 0
-            while True:
-                try:
-                    chunk = _read_range(files, relative, start, end)
-                    break
-                except FileNotFoundError:
-                    raise StorageError(f"{files.url(relative)} is missing from the store; the store in storage is "
-                                       "incomplete. Prepare it again.") from None
-                except Exception as error:  # noqa: BLE001 - s3fs/aiohttp/botocore errors have no common base
-                    if failures >= retries.max_retries:
-                        raise StorageError(
-                            f"Downloading {files.url(relative)} failed at byte {written} of {size} "
-                            f"({type(error).__name__}: {str(error).strip()[:200]}) after {failures} retries with backoff. "
-                            "Check the network and the storage, or raise the retries."
-                        ) from error
-                    time.sleep(min(retries.backoff_s * 2**failures, retries.max_backoff_s))
-                    failures += 1
-            if not chunk:
-                break
+        for chunk in _chunks(files, relative, size, retries):
             handle.write(chunk)
             digest.update(chunk)
             written += len(chunk)
             if on_bytes is not None:
                 on_bytes(len(chunk))
-            if len(chunk) < end - start:  # the storage has fewer bytes than recorded
-                break
         handle.flush()
         os.fsync(handle.fileno())
     return written, digest.hexdigest()
 
 
+def stored_checksum(files: StoreFiles, relative: str, size: int, retries: FetchRetries = FetchRetries()) -> str | None:
+    """The checksum of the ``size`` bytes file ``relative`` has in storage (read, not written
+    anywhere); ``None`` when it is missing or has another size.
+
+    Args:
+        files: the store.
+        relative: the file's path in it.
+        size: the size it must have.
+        retries: how failing reads are retried.
+    """
+    if files.size(relative) != size:
+        return None
+    digest, read = xxhash.xxh3_128(), 0
+    for chunk in _chunks(files, relative, size, retries):
+        digest.update(chunk)
+        read += len(chunk)
+    return digest.hexdigest() if read == size else None
+
+
 def fetch_shard(files: StoreFiles, relative: str, expected: dict, target: Path, retries: FetchRetries = FetchRetries(),
                 on_bytes: Callable[[int], None] | None = None) -> None:
-    """Download shard ``relative`` of ``files`` to ``target`` and check it against ``expected``.
+    """Download file ``relative`` of ``files`` (a shard, or any file a commit records) to
+    ``target`` and check it against ``expected``.
 
     Args:
         files: the remote store.

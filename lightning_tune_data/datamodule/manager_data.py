@@ -18,7 +18,7 @@ from lightning_tune_data.datamodule.splits import SPLITS, SPLITS_FOR_STAGE
 from lightning_tune_data.managers import UnconditionalGenerationDatasetManager
 from lightning_tune_data.tokenizers import Tokenizer
 
-__all__ = ["loaded_dataset", "prepare_datasets", "set_up_datasets"]
+__all__ = ["close_datasets", "loaded_dataset", "prepare_datasets", "set_up_datasets"]
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +42,20 @@ def prepare_datasets(
             if isinstance(manager, UnconditionalGenerationDatasetManager):
                 continue
             log.debug("Preparing %s/%s", split, name)  # the cache prints one line per source
-            manager.prepare_data(tokenizer, _root(cache_dir, manager, split), cache_verify=cache_verify)
+            manager.prepare_data(tokenizer, _root(cache_dir, manager, split, dataset_managers), cache_verify=cache_verify)
 
 
-def _root(cache_dir: StoreRoot | str | os.PathLike[str], manager: Any, split: str) -> StoreRoot:
+def _root(cache_dir: StoreRoot | str | os.PathLike[str], manager: Any, split: str,
+          dataset_managers: Mapping[str, Mapping[str, Any]]) -> StoreRoot:
     """Where ``manager``'s store is: its own ``cache_dir`` or the datamodule's; only train stores
-    are read through a ``cache_budget`` (evaluation stores are small and read again and again)."""
+    are read through a ``cache_budget``, which the node's train stores share (evaluation stores
+    are small and read again and again)."""
     root = StoreRoot.of(cache_dir).with_url(manager.options.cache_dir)
-    return root if split == "train" else root.unbudgeted()
+    if split != "train":
+        return root.unbudgeted()
+    train = [m for m in (dataset_managers.get("train") or {}).values()
+             if not isinstance(m, UnconditionalGenerationDatasetManager)]
+    return root.shared_by(len(train))
 
 
 def set_up_datasets(
@@ -76,7 +82,23 @@ def set_up_datasets(
             for name, manager in (dataset_managers.get(split) or {}).items():
                 if lightning_stage not in manager.stages or name in datasets[split]:
                     continue
-                datasets[split][name] = manager.setup(tokenizer, _root(cache_dir, manager, split))
+                datasets[split][name] = manager.setup(tokenizer, _root(cache_dir, manager, split, dataset_managers))
+
+
+def close_datasets(datasets: Mapping[str, Mapping[str, Any]]) -> None:
+    """Let go of what the datasets of this process hold beyond their files: a store read shard by
+    shard stops its node cache's prefetch threads and drops its pins and mappings (a notebook, or
+    a sweep of trials in one process, then ends each run clean). A dataset used again afterwards
+    starts them again.
+
+    Args:
+        datasets: ``{split: {name: dataset}}``.
+    """
+    for of_split in datasets.values():
+        for dataset in of_split.values():
+            close = getattr(dataset, "close", None)
+            if callable(close):
+                close()
 
 
 def loaded_dataset(datasets: Mapping[str, Mapping[str, Any]], split: str, name: str) -> Any:

@@ -33,7 +33,9 @@ from lightning_tune_data.cache.checksums import VerifyMode
 from lightning_tune_data.cache.root import StoreRoot, default_local_cache_dir
 from lightning_tune_data.collate import PackedCollator, PaddedCollator
 from lightning_tune_data.datamodule.eval_loaders import eval_loaders
-from lightning_tune_data.datamodule.manager_data import loaded_dataset, prepare_datasets, set_up_datasets
+from lightning_tune_data.datamodule.manager_data import (
+    close_datasets, loaded_dataset, prepare_datasets, set_up_datasets,
+)
 from lightning_tune_data.datamodule.splits import SPLITS, dataloader_name, dataloader_names, tell_managers_their_names
 from lightning_tune_data.datamodule.stage_checks import check_stage, check_train_documents, trainer_is_evaluating
 from lightning_tune_data.datamodule.train_stream import TrainStreamConfig, normalised_weights
@@ -162,8 +164,7 @@ class TextDataModule(LightningDataModule):
             train_mode=train_mode, overlong=overlong, mix_by=mix_by, cache_verify=cache_verify)
         tell_managers_their_names(self.dataset_managers)
         self.train_options = LoaderOptions(batch_size, num_workers, pin_memory, prefetch_factor, persistent_workers)
-        self.eval_options = replace(self.train_options, batch_size=self.eval_batch_size,
-                                    num_workers=self.eval_num_workers)
+        self.eval_options = replace(self.train_options, batch_size=self.eval_batch_size, num_workers=self.eval_num_workers)
         self._datasets: dict[str, dict[str, Any]] = {split: {} for split in SPLITS}
         self._overlong_checked = False  # setup checks the train documents' lengths once per datamodule
         self._train_loader: ResumableLoader | None = None
@@ -203,12 +204,15 @@ class TextDataModule(LightningDataModule):
         Args:
             stage: the Lightning stage about to run (``fit``, ``validate``, ``test``, ``predict``) or ``None``.
         """
-        check_stage(self.dataset_managers, stage, getattr(self, "trainer", None),
-                    infinite_stream=self.stopping_strategy == "infinite" and self.train_mode == "stream")
+        check_stage(self.dataset_managers, stage, getattr(self, "trainer", None), infinite_stream=self.stopping_strategy == "infinite" and self.train_mode == "stream")
         set_up_datasets(self._datasets, self.dataset_managers, stage, self.tokenizer, self.store_root)
         if self._datasets["train"] and not self._overlong_checked:  # one pass over the cached columns, once
             self._overlong_checked = check_train_documents(self._datasets["train"], self._managers("train"),
                                                            self.max_seq_len, self.overlong, self.packing)
+
+    def teardown(self, stage: str | None = None) -> None:
+        """Let go of the shard cache's threads, pins and mappings of every dataset (``stage``: the stage that ended)."""
+        close_datasets(self._datasets)
 
     def dataset(self, split: str, name: str) -> Any:
         """The set-up (memory-mapped) dataset of manager ``name`` of ``split``: after :meth:`setup`."""

@@ -157,22 +157,24 @@ class SourceCache:
         return local
 
     def budgeted(self, files: StoreFiles, content: dict[str, Any]) -> CachedStore | None:
-        """The committed remote store read through this node's shard cache, when the root has a
-        ``cache_budget`` the store's shards exceed; ``None`` when it is copied whole.
+        """The committed remote store read through this node's shard cache, when the store's shards
+        exceed its share of the node's ``cache_budget`` (its shuffle window is sized to that
+        share); ``None`` when it is copied whole.
 
         Raises:
             ValueError: The budget cannot hold a shuffle window and the next one; or
                 ``local_cache_dir`` is on a network filesystem, or its disk has less room than
                 the budget.
         """
-        budget = self.root.cache_budget
-        if not self.root.is_remote or budget is None or not (content.get("store") or {}).get("shards"):
+        budget, share = self.root.cache_budget, self.root.budget_share
+        if not self.root.is_remote or budget is None or share is None or not (content.get("store") or {}).get("shards"):
             return None
         sizes = [int((content.get("files") or {})[shard["path"]]["size"]) for shard in content["store"]["shards"]]
-        if sum(sizes) <= budget:
+        if sum(sizes) <= share:
             return None
-        window = shuffle_window_for(sizes, budget, self.root.shuffle_window, self.description)
-        store = CachedStore(files, content, self.root.local_dir / NODE_CACHE_FOLDER, budget, window, self.description)
+        window = shuffle_window_for(sizes, share, self.root.shuffle_window, self.description, self.root.budget_sharers)
+        store = CachedStore(files, content, self.root.local_dir / NODE_CACHE_FOLDER, budget, window, self.description,
+                            share=share)
         check_shard_cache_disk(store.cache.node_folder, budget, store.cache.node_usage(), self.description)
         return store
 

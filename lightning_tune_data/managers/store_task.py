@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 
-from lightning_tune_data.cache.layout import process_alive
+from lightning_tune_data.cache.owners import claim, release, remove_if_unclaimed
 from lightning_tune_data.cache.mirror import publish_task
 from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.store_files import StoreFiles, store_folders
@@ -52,17 +52,24 @@ def _check_task_count(files: StoreFiles, num_tasks: int, description: str, root:
         )
 
 
+_staging_claims: dict[Path, int] = {}  # this process's staging folders -> the descriptor holding their lock
+
+
 def _staging_folder(root: StoreRoot, name: str, task_index: int, num_tasks: int) -> Path:
-    """A fresh local folder for the task's output; leftovers of this task's killed runs on this
-    machine (their process is gone) are removed first."""
+    """A fresh local folder for the task's output, owned by this process (it holds a lock on the
+    folder while it lives); leftovers of this task's killed runs on this machine (nobody holds
+    their lock, whatever container or process id they had) are removed first."""
+    for folder, fd in list(_staging_claims.items()):
+        if not folder.exists():  # published and removed: give up its claim
+            release(fd)
+            del _staging_claims[folder]
     root.local_dir.mkdir(parents=True, exist_ok=True)
     prefix = f".{name}.task-{task_index}-of-{num_tasks}.tmp-"
     for leftover in root.local_dir.glob(prefix + "*"):
-        pid = leftover.name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not process_alive(int(pid)):
-            shutil.rmtree(leftover, ignore_errors=True)
+        remove_if_unclaimed(leftover)
     folder = root.local_dir / f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     folder.mkdir()
+    _staging_claims[folder] = claim(folder)
     return folder
 
 

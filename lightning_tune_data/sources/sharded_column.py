@@ -170,7 +170,7 @@ class WindowReads:
             column.keep_only(keep)
         self._shard_windows = {epoch: order.shard_windows(), epoch + 1: following.shard_windows()}
         cache.set_next_use(self._distances, epoch, window)
-        wanted, room, seen = [], cache.budget // 2, set()
+        wanted, room, seen = [], self._store.share // 2, set()
         for number, shards in enumerate(upcoming):
             size = sum(int(self._store.shards[shard]["size"]) for shard in shards if shard not in seen)
             if number >= 2 and size > room:

@@ -69,15 +69,3 @@ def test_temporary_folders_and_orphan_locks_are_recognised(tmp_path: Path) -> No
     (tmp_path / "gone-2.lock").write_text("")
     assert not is_orphan_lock(tmp_path / "notes-1.lock")
     assert is_orphan_lock(tmp_path / "gone-2.lock")
-
-
-def test_process_alive_tells_a_running_process_from_one_that_ended():
-    import multiprocessing
-    import os
-
-    from lightning_tune_data.cache.layout import process_alive
-
-    process = multiprocessing.get_context("fork").Process(target=os.getpid)
-    process.start()
-    process.join(30)
-    assert process_alive(os.getpid()) and not process_alive(process.pid)

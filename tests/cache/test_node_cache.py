@@ -18,6 +18,7 @@ import xxhash
 
 from lightning_tune_data.cache import node_cache, shard_fetch
 from lightning_tune_data.cache.node_cache import NodeShardCache
+from lightning_tune_data.cache.node_room import evict
 from lightning_tune_data.cache.reader_positions import ReaderPositions
 from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.shard_fetch import FetchRetries, ShardCorruptError
@@ -302,3 +303,140 @@ def test_a_shard_corrupt_in_storage_is_named_and_leaves_nothing_in_the_node_cach
     assert not cache.path(0).exists() and not partials(tmp_path / "node")
     assert cache.node_usage() == 0 and cache.pinned() == []
     assert fault_proxy.gets(entries[0]["path"]) == 2
+
+
+# -- the file the commit names, and nothing else ----------------------------------------------------
+def test_a_store_prepared_again_with_other_shards_at_the_same_paths_never_reads_the_old_files_and_evicts_them_first(
+        s3, fault_proxy, tmp_path):
+    old_entries, _ = put_random_shards(s3, STORE, [10_000, 10_000])
+    old = node_cache_of(s3, fault_proxy, tmp_path / "node", old_entries, budget=25_000)
+    for shard in (0, 1):
+        old.acquire(shard)
+        old.release(shard)
+    old.close()
+    entries, blobs = put_random_shards(s3, STORE, [7_000, 12_000])  # prepared again: same paths, other bytes
+    assert [entry["path"] for entry in entries] == [entry["path"] for entry in old_entries]
+    new = node_cache_of(s3, fault_proxy, tmp_path / "node", entries, budget=25_000)
+    assert new.folder != old.folder
+    assert new.node_usage() == 20_000  # the old commit's files count against the node's budget
+
+    assert new.acquire(0).read_bytes() == blobs[0]
+    assert new.acquire(1).read_bytes() == blobs[1]
+
+    assert not old.path(0).exists() and not old.path(1).exists()  # no reader names them: they went first
+    assert new.node_usage() == 19_000 <= new.budget
+
+
+def test_the_budget_is_the_nodes_for_every_store_read_there(s3, fault_proxy, tmp_path):
+    entries, blobs = put_random_shards(s3, STORE, [10_000] * 3)
+    other_entries, _ = put_random_shards(s3, "other-0011223344556677", [10_000] * 3)
+    first = node_cache_of(s3, fault_proxy, tmp_path / "node", entries, budget=30_000)
+    files = StoreFiles(StoreRoot(s3.url, storage_options(fault_proxy.url)), "other-0011223344556677")
+    second = NodeShardCache(files, tmp_path / "node", other_entries, 30_000, FetchRetries(max_retries=2), "train/b")
+    for shard in range(3):
+        first.acquire(shard)
+        second.acquire(shard)  # the second store's shards make room among the first store's (not pinned)
+        first.release(shard)
+        second.release(shard)
+        assert first.node_usage() <= 30_000
+    assert second.node_usage() == 30_000
+
+
+# -- leaks --------------------------------------------------------------------------------------------
+def _wait_for(ready, done) -> None:  # noqa: ANN001
+    ready.set()
+    done.wait(30)
+
+
+def test_a_shard_pinned_before_a_fork_is_not_kept_pinned_by_the_child(s3, fault_proxy, tmp_path):
+    entries, _ = put_random_shards(s3, STORE, [10_000])
+    cache = node_cache_of(s3, fault_proxy, tmp_path / "node", entries, budget=30_000)
+    path = cache.acquire(0)  # e.g. a batch looked at before the dataloader's workers start
+    ready, done = FORK.Event(), FORK.Event()
+    worker = FORK.Process(target=_wait_for, args=(ready, done))  # a persistent worker that never reads this store
+    worker.start()
+    try:
+        assert ready.wait(30)
+        cache.release(0)
+        assert evict(path)  # nobody holds it: the worker closed its inherited copy of the lock at the fork
+    finally:
+        done.set()
+        worker.join(30)
+
+
+def prefetch_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name.startswith("shard-prefetch")]
+
+
+def test_a_cache_garbage_collected_or_closed_stops_its_threads_and_lets_go_of_its_pins(s3, fault_proxy, tmp_path):
+    import gc
+
+    entries, _ = put_random_shards(s3, STORE, [10_000] * 3)
+    assert not prefetch_threads()
+    cache = node_cache_of(s3, fault_proxy, tmp_path / "node", entries, budget=30_000)
+    path = cache.acquire(0)
+    cache.prefetch([1, 2])
+    assert prefetch_threads()
+    del cache
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while prefetch_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not prefetch_threads() and evict(path)
+
+    closed = node_cache_of(s3, fault_proxy, tmp_path / "node", entries, budget=30_000)
+    path = closed.acquire(1)
+    closed.prefetch([2])
+    closed.close()
+    assert not prefetch_threads() and closed.pinned() == [] and evict(path)
+
+
+def _prefetch_and_return(cache: NodeShardCache, started) -> None:
+    cache.prefetch([0])
+    while not partials(cache.folder):
+        time.sleep(0.005)
+    started.set()  # the process ends (as a dataloader worker does) while the download is in flight
+
+
+def test_a_process_that_ends_during_a_prefetch_leaves_no_partial_download(s3, fault_proxy, tmp_path, monkeypatch):
+    monkeypatch.setattr(shard_fetch, "RANGE_BYTES", 16 << 10)
+    entries, _ = put_random_shards(s3, STORE, [512 << 10])
+    fault_proxy.add(Fault(entries[0]["path"], "slow", times=None, piece=8 << 10, delay_s=0.02))
+    cache = node_cache_of(s3, fault_proxy, tmp_path / "node", entries, budget=4 << 20)
+    started = FORK.Event()
+    worker = FORK.Process(target=_prefetch_and_return, args=(cache, started))
+    worker.start()
+    assert started.wait(30)
+    worker.join(30)
+    assert worker.exitcode == 0
+    assert not partials(tmp_path / "node")  # gone with its process, not left for the next reader to find
+
+
+# -- room -----------------------------------------------------------------------------------------------
+def test_going_over_the_budget_under_warnings_as_errors_leaves_no_reservation(s3, fault_proxy, tmp_path, monkeypatch):
+    import warnings
+
+    entries, _ = put_random_shards(s3, STORE, [10_000] * 3)
+    monkeypatch.setattr(node_cache, "ROOM_WAIT_S", 0.2)
+    cache = node_cache_of(s3, fault_proxy, tmp_path / "node", entries, budget=20_000)
+    cache.acquire(0)
+    cache.acquire(1)  # every byte of the budget is pinned
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # PYTHONWARNINGS=error
+        with pytest.raises(UserWarning, match="goes over its budget"):
+            cache.acquire(2)
+    assert cache.node_usage() == 20_000 and not partials(tmp_path / "node")
+
+
+def test_a_prefetch_never_evicts_a_shard_needed_sooner_than_the_one_it_fetches(s3, fault_proxy, tmp_path):
+    entries, _ = put_random_shards(s3, STORE, [10_000] * 4)
+    cache = node_cache_of(s3, fault_proxy, tmp_path / "node", entries, budget=30_000)
+    for shard in range(3):
+        cache.acquire(shard)
+        cache.release(shard)
+    cache.set_next_use(lambda epoch, window: {0: 1.0, 1: 2.0, 2: 3.0, 3: 5.0}.get, 0, 0)
+    assert not cache._ensure(3, must=False)  # every shard present is needed before shard 3
+    assert all(cache.path(shard).exists() for shard in range(3)) and not cache.path(3).exists()
+    cache.set_next_use(lambda epoch, window: {0: 1.0, 1: 9.0, 2: 3.0, 3: 5.0}.get, 0, 0)
+    assert cache._ensure(3, must=False)  # shard 1 is needed after shard 3: it makes room
+    assert [cache.path(shard).exists() for shard in range(4)] == [True, False, True, True]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,7 @@ def test_a_quarter_budget_reads_shard_by_shard_within_the_budget_and_gives_the_s
     fetched = shard_gets(s3) - gets_before
     for name in ROWS:
         cache = first.dataset("train", name).cache
-        assert 0 < cache.usage() <= budget
+        assert 0 < cache.node_usage() <= budget  # the node's budget, for both stores together
         assert not list(cache.folder.rglob("*.partial-*"))
     assert fetched > budget // max(entry["size"] for entry in store.shards)  # more than fits at once: evictions
 
@@ -259,3 +260,8 @@ def test_evicting_refetching_and_copying_out_held_documents_never_changes_a_batc
     assert all(isinstance(dm.dataset("train", name), CachedStore) and dm.dataset("train", name).window == 1
                for dm in (roomy, tight) for name in ROWS)  # the same order
     assert_same_batches(batches(roomy, 120), batches(tight, 120))
+    assert any(thread.name.startswith("shard-prefetch") for thread in threading.enumerate())
+    for dm in (roomy, tight):
+        dm.teardown("fit")  # the end of a trial in a sweep, or of a notebook's run
+    assert not any(thread.name.startswith("shard-prefetch") for thread in threading.enumerate())
+    assert all(dm.dataset("train", name).pinned() == [] for dm in (roomy, tight) for name in ROWS)

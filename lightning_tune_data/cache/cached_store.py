@@ -10,7 +10,6 @@ them) and opens a shard only when a reader asks for one of its rows, through a
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,6 @@ __all__ = ["CachedStore", "shuffle_window_for"]
 #: A budget holds this many windows by default: the window being read, the next one (fetched
 #: ahead) and room for readers of a node that are a window apart.
 WINDOWS_PER_BUDGET = 4
-#: Windows of shards let go of whose mappings a reading process keeps (documents of them that
-#: packs still hold are read without fetching the shard again).
-RETIRED_WINDOWS = 1
 #: Windows a reader keeps at once: the one being read and the next (fetched ahead).
 WINDOWS_KEPT = 2
 
@@ -74,10 +70,11 @@ class CachedStore:
     """A committed remote store whose shards are fetched on demand into the node's bounded cache.
 
     What a process maps is decided here, in one place (:meth:`_let_go`): a shard a reader reads
-    is *pinned* (mapped, kept); a shard let go of stays mapped among the last ``window`` ones
-    (documents of them that packs still hold are read without fetching it again) and is dropped
-    after that, or at once when the node's cache needs room. A mapping holds the shard's lock, so
-    the node never deletes a file a process still maps: what the disk holds is what the cache counts.
+    is *pinned* (mapped and kept until :meth:`close_shard`); any other shard's mapping is let go
+    of as soon as it is not pinned, and lives on only while views handed out of it do (a packer
+    copies out the documents it holds of the shards a reader let go of). A mapping holds the
+    shard's lock, so the node never deletes a file a process still maps: what the disk holds is
+    what the cache counts, and an idle process holds no more than the shards it reads.
 
     Args:
         files: the remote store.
@@ -110,13 +107,11 @@ class CachedStore:
         # this process's mappings: shard -> (table, readers of its columns)
         self._mapped: dict[int, tuple[pa.Table, dict[str, Any]]] = {}
         self._pinned: set[int] = set()
-        self._retired: OrderedDict[int, None] = OrderedDict()  # the shards let go of last, kept mapped
-        self.cache.on_room_needed = self.drop_retired
         after_fork_in_child(self, CachedStore._start_here)  # a forked child maps for itself
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_mapped", "_pinned", "_retired"):
+        for key in ("_mapped", "_pinned"):
             state.pop(key)
         return state
 
@@ -128,7 +123,6 @@ class CachedStore:
         """Drop every mapping and close the node cache (its threads and locks)."""
         self._mapped.clear()
         self._pinned.clear()
-        self._retired.clear()
         self.cache.close()
 
     def __len__(self) -> int:
@@ -159,52 +153,41 @@ class CachedStore:
 
         Args:
             shard: the shard's number.
-            pin: keep it until :meth:`close_shard`; without, it joins the shards let go of (for
-                a document read again after its window, held in a pack).
+            pin: keep it until :meth:`close_shard`; without, for a document read again after its
+                window (held in a pack), this process lets go of its mapping at once (the table
+                returned keeps it alive while it is used).
         """
+        return self._open(shard, pin)[0]
+
+    def _open(self, shard: int, pin: bool) -> tuple[pa.Table, dict[str, Any]]:
         mapped = self._mapped.get(shard)
         if mapped is None:
             mapping = self.cache.map(shard)
             mapped = self._mapped[shard] = (pa.ipc.open_stream(pa.py_buffer(mapping)).read_all(), {})
         if pin:
             self._pinned.add(shard)
-            self._retired.pop(shard, None)
-        elif shard not in self._pinned:
+        else:
             self._let_go(shard)
-        return mapped[0]
+        return mapped
 
     def reader(self, shard: int, name: str, make: Callable[[pa.Table], Any], pin: bool = True) -> Any:
         """What ``make`` builds from shard ``shard``'s table for column ``name`` (e.g. a column
         reader), built once per mapping of the shard (``pin``: see :meth:`open_shard`)."""
-        table = self.open_shard(shard, pin)
-        readers = self._mapped[shard][1]
+        table, readers = self._open(shard, pin)
         if name not in readers:
             readers[name] = make(table)
         return readers[name]
 
     def close_shard(self, shard: int) -> None:
-        """Stop reading shard ``shard``: it joins the shards let go of (views into it stay valid)."""
+        """Stop reading shard ``shard``: its mapping is let go of (views into it stay valid)."""
         self._pinned.discard(shard)
         self._let_go(shard)
 
-    def drop_retired(self) -> None:
-        """Drop the mappings of every shard let go of (the node's cache needs room)."""
-        while self._retired:
-            self._let_go(None)
-
-    def _let_go(self, shard: int | None) -> None:
-        """The one place a mapping is dropped: ``shard`` joins the last ones let go of, and the
-        oldest beyond ``window`` of them (all with ``None`` given) is unmapped. The file can be
-        evicted once views handed out of it are gone too."""
-        if shard is not None:
-            self._retired[shard] = None
-            self._retired.move_to_end(shard)
-        while self._retired and (shard is None or len(self._retired) > self.window * RETIRED_WINDOWS):
-            oldest, _ = self._retired.popitem(last=False)
-            if oldest not in self._pinned:
-                self._mapped.pop(oldest, None)
-            if shard is None:
-                break
+    def _let_go(self, shard: int) -> None:
+        """The one place a mapping is dropped: ``shard``'s, unless a reader pins it. The file can
+        be evicted once the views handed out of it are gone too."""
+        if shard not in self._pinned:
+            self._mapped.pop(shard, None)
 
     def __repr__(self) -> str:
         return (f"CachedStore({self.cache.files.url()}, {len(self)} rows in {self.num_shards} shards, "

@@ -154,8 +154,8 @@ class WindowReads:
         return distance
 
     def _enter(self, order: WindowedPermutation, epoch: int, window: int) -> None:
-        """Keep the shards of ``window`` and the next one; let go of the rest (the store keeps the
-        mappings of the last ones let go of, for documents packs still hold); fetch ahead the
+        """Keep the shards of ``window`` and the next one; let go of the rest (a packer copies out
+        the documents it still holds of them); fetch ahead the
         shards of the windows that follow while they take at most half of the budget."""
         following = self._order_of(epoch + 1)
         upcoming = [order.shards_of_window(w).tolist() for w in range(window, order.num_windows)]

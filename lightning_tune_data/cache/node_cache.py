@@ -42,7 +42,7 @@ import xxhash
 from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM
 from lightning_tune_data.cache.fingerprints import canonical_json
 from lightning_tune_data.cache.node_room import (
-    DOWNLOAD_LOCKS, PARTIAL_TAG, evict, eviction_order, make_room, node_contents, room_lock,
+    DOWNLOAD_LOCKS, PARTIAL_TAG, evict, eviction_order, holders, make_room, node_contents, room_lock,
 )
 from lightning_tune_data.cache.owners import (
     LockWaitTimeout, after_fork_in_child, claim, forget_held, hold, release, wait_for_lock,
@@ -314,8 +314,8 @@ class NodeShardCache:
                 raise LockWaitTimeout(
                     f"{self.description}: waited {waited:.0f} s for {human_size(size)} of room in the node's shard cache "
                     f"at {self.node_folder} ({human_size(used)} used of a {human_size(self.budget)} cache_budget): "
-                    "readers of this node hold every cached shard and one is already over the budget. Raise "
-                    "cache_budget, lower shuffle_window, or end the stopped processes reading there.")
+                    f"readers of this node hold every cached shard ({holders(self.node_folder)}) and one is already "
+                    "over the budget. Raise cache_budget, lower shuffle_window, or end the stopped processes there.")
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
 

@@ -30,11 +30,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightning_tune_data.cache.owners import CLAIMING_SUFFIX, claimed, remove_if_unclaimed, wait_for_lock
+from lightning_tune_data.cache.owners import CLAIMING_SUFFIX, claimed, lock_holders, remove_if_unclaimed, wait_for_lock
 from lightning_tune_data.cache.reader_positions import READERS_FOLDER, ReaderPositions
+from lightning_tune_data.cache.sizes import human_size
 
-__all__ = ["DOWNLOAD_LOCKS", "PARTIAL_TAG", "ROOM_LOCK", "CacheFile", "evict", "eviction_order", "make_room",
-           "node_contents", "partial_size", "room_lock"]
+__all__ = ["DOWNLOAD_LOCKS", "PARTIAL_TAG", "ROOM_LOCK", "CacheFile", "evict", "eviction_order", "holders",
+           "make_room", "node_contents", "partial_size", "room_lock"]
 
 log = logging.getLogger("lightning_tune_data.cache.store")
 
@@ -167,6 +168,16 @@ def make_room(node_folder: Path, budget: int, size: int,
             if used + size <= budget:
                 return True, used
     return False, used
+
+
+def holders(node_folder: Path) -> str:
+    """Which processes hold the node's cached shards (for messages): ``"process 12 (3 shards, 4.0 KB), ..."``."""
+    held: dict[int, list[int]] = {}
+    for item in node_contents(node_folder):
+        for pid in lock_holders(item.path):
+            held.setdefault(pid, []).append(item.size)
+    return ", ".join(f"process {pid} ({len(sizes)} shards, {human_size(sum(sizes))})"
+                     for pid, sizes in sorted(held.items())) or "no process"
 
 
 def evict(path: Path) -> bool:

@@ -16,9 +16,11 @@ import numpy as np
 
 from lightning_tune_data.keys import SHARD_BITS
 
-__all__ = ["ShardedFlat", "ShardedSlices"]
+__all__ = ["UNPINNED_VIEWS", "ShardedFlat", "ShardedSlices"]
 
 _INSIDE = (1 << SHARD_BITS) - 1
+#: Views of shards the reader does not pin kept at once (the oldest go first).
+UNPINNED_VIEWS = 2
 
 
 class ShardedSlices:
@@ -39,6 +41,15 @@ class ShardedSlices:
         """The token ids' dtype (of the shard read first)."""
         return self._flat.dtype
 
+    def _trim(self) -> None:
+        """Keep the views of the shards the reader reads, and of at most :data:`UNPINNED_VIEWS`
+        others (held documents of shards let go of): a view keeps its shard's mapping, which
+        keeps the shard on the node's disk."""
+        pinned = set(self._flat.pinned())
+        others = [shard for shard in self._views if shard not in pinned]
+        for shard in others[: max(0, len(others) - UNPINNED_VIEWS)]:
+            del self._views[shard]
+
     def forget(self, keep: set[int]) -> None:
         """Drop the views of shards not in ``keep`` (so an evicted shard's mapping can go)."""
         for shard in [shard for shard in self._views if shard not in keep]:
@@ -51,6 +62,7 @@ class ShardedSlices:
         if view is None:
             values = self._flat.shard_values(shard)
             view = self._views[shard] = memoryview(values) if self._memoryview else values
+            self._trim()
         inside = start & _INSIDE
         return view[inside : inside + (key.stop - start)]
 
@@ -68,6 +80,10 @@ class ShardedFlat:
         self.dtype: np.dtype | None = None
         self.values = ShardedSlices(self, as_memoryview=False)
         self.views = ShardedSlices(self, as_memoryview=True)
+
+    def pinned(self) -> list[int]:
+        """The shards the reader pins (reads now)."""
+        return self._column.store.pinned()
 
     def _flat_of(self, shard: int, pin: bool) -> Any:
         """Shard ``shard``'s :class:`~lightning_tune_data.sources.arrow_columns.FlatColumn` (the

@@ -84,3 +84,27 @@ def test_a_corrupt_local_copy_is_downloaded_again_with_a_warning(tmp_path: Path,
         download_store(files, content, local, "source 'notes'")
     dataset, problem = open_store(local)
     assert problem is None and dataset["input_ids"] == [[1, 2], [3], [4, 5, 6]]
+
+
+def test_an_upload_replaces_a_file_of_the_right_size_whose_bytes_differ(tmp_path: Path, committed: tuple) -> None:
+    files, content = committed
+    local = download_store(files, content, tmp_path / "node" / "notes-dddd", "source 'notes'")
+    target = StoreFiles(StoreRoot(str(tmp_path / "other")), "notes-dddd")
+    relative = content["store"]["shards"][0]["path"]
+    damaged = bytearray((local / relative).read_bytes())
+    damaged[len(damaged) // 2] ^= 0x01  # a killed earlier upload left other bytes of the same size
+    (Path(target.path(relative))).parent.mkdir(parents=True)
+    Path(target.path(relative)).write_bytes(bytes(damaged))
+    upload_store(local, target, "source 'notes'")
+    assert target.read_bytes(relative) == files.read_bytes(relative)
+
+
+def test_a_store_prepared_again_during_a_download_is_refused_even_with_the_same_metadata(
+        tmp_path: Path, committed: tuple) -> None:
+    files, content = committed
+    relative = content["store"]["shards"][0]["path"]
+    first = Path(files.path(relative)).read_bytes()
+    stale = {**content, "store": {**content["store"], "rows": -1}}  # the commit read first, of an earlier preparation
+    with pytest.raises(StoreCorruptError, match="changed during the download"):
+        download_store(files, stale, tmp_path / "node" / "notes-dddd", "source 'notes'")
+    assert not (tmp_path / "node" / "notes-dddd").exists() and Path(files.path(relative)).read_bytes() == first

@@ -25,6 +25,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_tune_data import LocalDatasetManager, TextDataModule
 from lightning_tune_data.cache.cached_store import CachedStore
+from lightning_tune_data.cache.owners import claimed
 from lightning_tune_data.models import TinyCausalLM
 from lightning_tune_data.sources.arrow import ArrowSource
 
@@ -103,7 +104,9 @@ def test_a_quarter_budget_reads_shard_by_shard_within_the_budget_and_gives_the_s
     for name in ROWS:
         cache = first.dataset("train", name).cache
         assert 0 < cache.node_usage() <= budget  # the node's budget, for both stores together
-        assert not list(cache.folder.rglob("*.partial-*"))
+        # the loader's workers live on and may be fetching ahead: a download in flight is theirs
+        # (they hold its lock); none may be left by a process that ended
+        assert not [path for path in cache.folder.rglob("*.partial-*") if not claimed(path)]
     assert fetched > budget // max(entry["size"] for entry in store.shards)  # more than fits at once: evictions
 
     again = batches(set_up(datamodule(corpus, s3, tmp_path / "node2", cache_budget=budget, num_workers=2,

@@ -24,7 +24,6 @@ stopped or hung process is named after :data:`LOCK_WAIT_S` without progress.
 from __future__ import annotations
 
 import contextlib
-import logging
 import mmap
 import multiprocessing.util
 import os
@@ -33,7 +32,7 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -54,8 +53,6 @@ from lightning_tune_data.cache.sizes import human_size
 from lightning_tune_data.cache.store_files import StoreFiles
 
 __all__ = ["LOCK_WAIT_S", "NODE_CACHE_FOLDER", "ROOM_WAIT_S", "NodeShardCache", "cached_name", "commit_identity"]
-
-log = logging.getLogger("lightning_tune_data.cache.store")
 
 #: Folder under ``local_cache_dir`` that holds the node's shard cache, one folder per store.
 NODE_CACHE_FOLDER = "shard-cache"

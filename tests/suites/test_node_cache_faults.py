@@ -3,7 +3,8 @@ a small full filesystem, and a flaky network, with real processes of one node.
 
 * The disk check counts allocated blocks under ``local_cache_dir``, with the files that were
   deleted but are still mapped or open by any process (found through ``/proc/<pid>/maps`` and
-  ``/proc/<pid>/fd``): what a full disk would see, not what the cache believes.
+  ``/proc/<pid>/fd``, see ``cache.sizes.allocated_size``): what a full disk would see, not what
+  the cache believes.
 * Storage is moto's S3 server on 127.0.0.1, through the fault-injecting proxy.
 * The small filesystem is a size-limited tmpfs mounted for the test; where mounting is not
   permitted, ``/dev/full`` (every write fails with ENOSPC) stands in for it.
@@ -32,6 +33,7 @@ from lightning_tune_data.cache.node_cache import NODE_CACHE_FOLDER, NodeShardCac
 from lightning_tune_data.cache.owners import LockWaitTimeout
 from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.shard_fetch import FetchRetries, LocalDiskFullError
+from lightning_tune_data.cache.sizes import allocated_size
 from lightning_tune_data.cache.store_files import StoreFiles
 from lightning_tune_data.sources.arrow import ArrowSource
 
@@ -44,40 +46,6 @@ BLOCK = 4096
 
 
 # -- what the disk holds ----------------------------------------------------------------------------
-def allocated_bytes(folder: Path) -> tuple[int, int]:
-    """Bytes allocated to files under ``folder``, with files deleted but still mapped or open by
-    any process; and how many files that is (each may round up to a block)."""
-    seen: dict[tuple[int, int], int] = {}
-    for directory, _, names in os.walk(folder):
-        for name in names:
-            try:
-                stat = os.stat(Path(directory) / name)
-            except FileNotFoundError:
-                continue
-            seen[(stat.st_dev, stat.st_ino)] = stat.st_blocks * 512
-    prefix = str(folder)
-    for pid in [entry for entry in os.listdir("/proc") if entry.isdigit()]:
-        handles = []
-        try:
-            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-                fields = line.split(None, 5)
-                if len(fields) == 6 and fields[5].startswith(prefix) and fields[5].endswith("(deleted)"):
-                    handles.append(f"/proc/{pid}/map_files/{fields[0]}")
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith(prefix) and target.endswith("(deleted)"):
-                    handles.append(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        for handle in handles:
-            try:
-                stat = os.stat(handle)
-            except OSError:
-                continue
-            seen[(stat.st_dev, stat.st_ino)] = stat.st_blocks * 512
-    return sum(seen.values()), len(seen)
-
-
 def local_token_store(root: Path, shards: int, rows_per_shard: int, tokens: int) -> tuple[StoreFiles, dict]:
     """A committed store of ``shards`` Arrow shards (``input_ids`` rows of ``tokens`` tokens) on
     this machine, read as a remote one: its files and its commit."""
@@ -128,7 +96,7 @@ def test_the_disk_never_holds_more_than_the_budget_and_one_shard_counting_files_
 
     def watch() -> None:
         while not stop.is_set():
-            used, count = allocated_bytes(node)
+            used, count = allocated_size(node)
             if used - count * BLOCK > worst[0] - worst[1] * BLOCK:
                 worst[:] = [used, count]
             time.sleep(0.002)

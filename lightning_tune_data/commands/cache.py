@@ -108,7 +108,8 @@ def scan(root: str | os.PathLike[str]) -> list[CacheEntry]:
             continue
         if path.name == NODE_CACHE_FOLDER and path.is_dir():
             entries += [CacheEntry(store, tree_size(store), "(node shard cache)", store.stat().st_mtime, None,
-                                   f"shards of {store.name}, within cache_budget") for store in sorted(path.iterdir())]
+                                   f"shards of {store.name}, within cache_budget") for store in sorted(path.iterdir())
+                        if store.is_dir() and not store.name.startswith(".")]  # not the node's room lock
             continue
         if is_temporary_folder(path):
             entries.append(CacheEntry(path, tree_size(path), "?", path.stat().st_mtime,

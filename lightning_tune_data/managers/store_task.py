@@ -32,6 +32,7 @@ from lightning_tune_data.cache.tasks import (
     task_progress,
 )
 from lightning_tune_data.managers.base import SourceManager
+from lightning_tune_data.managers.hub_revision import pinned_revision
 from lightning_tune_data.managers.task_inputs import check_task
 from lightning_tune_data.tokenizers import Tokenizer
 
@@ -111,6 +112,10 @@ def run_store_task(manager: SourceManager, tokenizer: Tokenizer, cache_dir: str 
     if cache.committed(files) is not None:
         return "store committed before"
     _check_task_count(files, num_tasks, cache.description, root)
+    repository = manager.hub_repository()
+    if repository is not None:  # every task reads the commit the first one found
+        revision = pinned_revision(files, repository, manager.options.load_kwargs.get("revision"), cache.description)
+        cache, build, inputs = manager.store_task(tokenizer, root, task_index, num_tasks, revision)
     if not task_progress(files):
         _warn_other_partial_stores(root, cache.key, files, inputs, cache.description)
     if finished_task(files, task_index, num_tasks, cache.fingerprint) is not None:

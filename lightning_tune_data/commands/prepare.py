@@ -26,17 +26,36 @@ __all__ = ["main", "task_from_environment"]
 def task_from_environment(environ: Mapping[str, str] | None = None) -> tuple[int, int] | None:
     """``(task_index, num_tasks)`` from a Slurm job array or torchrun, ``None`` outside both.
 
+    torchrun inside a job array runs task ``array_index x world_size + rank`` of
+    ``array_count x world_size``: every rank of every array element does its own share.
+
     Args:
         environ: The environment (default ``os.environ``).
+
+    Raises:
+        ValueError: The variables name a task that does not exist.
     """
     env = os.environ if environ is None else environ
-    if "SLURM_ARRAY_TASK_ID" in env and "SLURM_ARRAY_TASK_COUNT" in env:
-        first = int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
-        step = max(1, int(env.get("SLURM_ARRAY_TASK_STEP") or "1"))  # --array=0-63:4 numbers tasks 0, 4, ...
-        return (int(env["SLURM_ARRAY_TASK_ID"]) - first) // step, int(env["SLURM_ARRAY_TASK_COUNT"])
-    if "RANK" in env and "WORLD_SIZE" in env:
-        return int(env["RANK"]), int(env["WORLD_SIZE"])
-    return None
+    array = torchrun = None
+    try:
+        if "SLURM_ARRAY_TASK_ID" in env and "SLURM_ARRAY_TASK_COUNT" in env:
+            first = int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
+            step = max(1, int(env.get("SLURM_ARRAY_TASK_STEP") or "1"))  # --array=0-63:4 numbers tasks 0, 4, ...
+            array = (int(env["SLURM_ARRAY_TASK_ID"]) - first) // step, int(env["SLURM_ARRAY_TASK_COUNT"])
+        if "RANK" in env and "WORLD_SIZE" in env:
+            torchrun = int(env["RANK"]), int(env["WORLD_SIZE"])
+    except ValueError as error:
+        raise ValueError(f"cannot tell this process's task from the Slurm/torchrun environment ({error}); "
+                         f"pass --task-index and --num-tasks.") from None
+    for found, names in ((array, "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT"), (torchrun, "RANK/WORLD_SIZE")):
+        if found is not None and not 0 <= found[0] < found[1]:
+            raise ValueError(f"{names} give task {found[0]} of {found[1]}, which does not exist; "
+                             f"pass --task-index and --num-tasks.")
+    if array is not None and torchrun is not None:
+        # torchrun inside a job array: each array element runs world_size ranks, each its own task
+        (index, count), (rank, world) = array, torchrun
+        return index * world + rank, count * world
+    return array or torchrun
 
 
 def _parser() -> argparse.ArgumentParser:

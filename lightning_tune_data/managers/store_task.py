@@ -2,9 +2,10 @@
 and commit the store when it was the last task to finish.
 
 A task writes into a local staging folder first and publishes shards, then its manifest, then its
-done-marker (:func:`lightning_tune_data.cache.mirror.publish_task`), so a task killed at any point
-leaves no done-marker and its rerun writes it again. Whichever task finds every done-marker
-present commits the store; two finishing at once write the same commit.
+done-marker, so a task killed at any point leaves no done-marker and its rerun writes it again.
+An attempt that finds, after its work, that another attempt of the task finished or that the store
+was committed meanwhile discards its output: a committed store is never touched. Whichever task
+finds every done-marker present commits the store; two finishing at once write the same commit.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 
 
 from lightning_tune_data.cache.layout import process_alive
-from lightning_tune_data.cache.mirror import publish_task
 from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.store_files import StoreFiles, store_folders
 from lightning_tune_data.cache.marker import COMPLETE_MARKER
@@ -27,12 +27,16 @@ from lightning_tune_data.cache.records import describe_changes
 from lightning_tune_data.cache.tasks import (
     TASK_FOLDER,
     StoreNotCommittedError,
+    TaskManifest,
     commit_store,
+    done_marker_path,
     finished_task,
+    task_manifest_path,
     task_progress,
 )
 from lightning_tune_data.managers.base import SourceManager
 from lightning_tune_data.managers.hub_revision import pinned_revision
+from lightning_tune_data.managers.source_cache import SourceCache
 from lightning_tune_data.managers.task_inputs import check_task
 from lightning_tune_data.tokenizers import Tokenizer
 
@@ -88,6 +92,34 @@ def _warn_other_partial_stores(root: StoreRoot, key: str, files: StoreFiles, inp
         )
 
 
+def _publish(staging: Path, files: StoreFiles, manifest: TaskManifest, cache: SourceCache) -> str | None:
+    """Publish a task's output unless another attempt of it finished (or the store was committed)
+    while it ran; ``None`` when published, else what happened instead.
+
+    Duplicate attempts are common (a requeued Slurm task while the first still runs). The task
+    checked at its start; this checks again after the work, before each step that writes, so a
+    committed store and another attempt's finished task are never touched. Each file is written
+    whole under a name of this attempt and renamed into place (one ``PUT`` on object storage).
+    """
+    def superseded() -> str | None:
+        if cache.committed(files) is not None:
+            return "store committed by another attempt while this one ran (its output discarded)"
+        if finished_task(files, manifest.task_index, manifest.num_tasks, cache.fingerprint) is not None:
+            return "already done by another attempt while this one ran (its output discarded)"
+        return None
+
+    index, count = manifest.task_index, manifest.num_tasks
+    steps = [[shard.path for shard in manifest.shards], [task_manifest_path(index, count)],
+             [done_marker_path(index, count)]]
+    for paths in steps:
+        why = superseded()
+        if why is not None:
+            return why
+        for path in paths:
+            files.put(staging / path, path, move=True)
+    return None
+
+
 def run_store_task(manager: SourceManager, tokenizer: Tokenizer, cache_dir: str | Path | StoreRoot,
                    task_index: int, num_tasks: int) -> str:
     """Run task ``task_index`` of ``num_tasks`` of the manager's store; commit it if complete.
@@ -124,9 +156,11 @@ def run_store_task(manager: SourceManager, tokenizer: Tokenizer, cache_dir: str 
         staging = _staging_folder(root, files.name, task_index, num_tasks)
         try:
             manifest = build(staging)
-            publish_task(staging, files, manifest)
+            discarded = _publish(staging, files, manifest, cache)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        if discarded is not None:
+            return discarded
         status = f"written ({sum(s.rows for s in manifest.shards):,} rows, {len(manifest.shards)} shards)"
     if len(task_progress(files).get(num_tasks, ())) == num_tasks:
         commit_store(files, num_tasks, cache.fingerprint, cache.metadata, inputs, cache.description)

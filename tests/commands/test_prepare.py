@@ -46,13 +46,22 @@ def stored_rows(config: str, cache_dir: Path) -> list[list[int]]:
     ({"SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "1"}, (3, 4)),
     ({"SLURM_ARRAY_TASK_ID": "13", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "1",
       "SLURM_ARRAY_TASK_STEP": "4"}, (3, 4)),  # --array=1-13:4
-    ({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "2", "RANK": "5", "WORLD_SIZE": "8"}, (0, 2)),
+    # torchrun inside an array: every rank of every element its own task (not all ranks one task)
+    ({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "2", "RANK": "5", "WORLD_SIZE": "8"}, (5, 16)),
+    ({"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "2", "RANK": "5", "WORLD_SIZE": "8"}, (13, 16)),
     ({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}, (5, 8)),
     ({"SLURM_ARRAY_TASK_ID": "2"}, None),  # not an array's full environment
     ({}, None),
 ])
 def test_the_task_comes_from_a_slurm_array_else_from_torchrun(environ, task):
     assert task_from_environment(environ) == task
+
+
+@pytest.mark.parametrize("environ", [{"RANK": "8", "WORLD_SIZE": "8"}, {"RANK": "x", "WORLD_SIZE": "8"},
+                                     {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "4"}])
+def test_an_environment_naming_no_task_is_a_clear_error(environ):
+    with pytest.raises(ValueError, match=r"pass --task-index and --num-tasks"):
+        task_from_environment(environ)
 
 
 def test_a_task_index_outside_the_task_count_fails_with_one_clear_line_and_writes_nothing(tmp_path, capsys):

@@ -44,6 +44,34 @@ def test_a_finished_task_is_skipped_and_a_committed_store_left_alone(tmp_path: P
     assert run_store_task(source, TOK, tmp_path / "c", 0, 2) == "store committed before"
 
 
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(("count", "expected"), [(1, "store committed by another attempt while this one ran"),
+                                                 (2, "already done by another attempt while this one ran")])
+def test_a_duplicate_attempt_never_touches_the_work_another_attempt_finished_while_it_ran(
+        tmp_path: Path, count: int, expected: str) -> None:
+    first, duplicate = manager(tmp_path, 2), manager(tmp_path, 2)
+    cache = tmp_path / "c"
+    store = Path(first.cache_dir_for(TOK, cache))
+    finished: dict[str, tuple[int, int]] = {}
+
+    def load_while_the_first_attempt_finishes(*args, **kwargs):  # a requeued task while the first still runs
+        run_store_task(first, TOK, cache, 0, count)
+        finished.update(_snapshot(store))
+        return LocalDatasetManager.load_task(duplicate, *args, **kwargs)
+
+    duplicate.load_task = load_while_the_first_attempt_finishes
+    status = run_store_task(duplicate, TOK, cache, 0, count)
+    assert status.startswith(expected) and status.endswith("(its output discarded)")
+    assert finished and any(name.startswith("shards/") for name in finished)
+    assert _snapshot(store) == finished  # not one file of the finished work replaced
+    del duplicate.load_task
+    assert run_store_task(duplicate, TOK, cache, 0, count) in ("store committed before", "already done")
+    assert _snapshot(store) == finished
+
+
 def test_an_unfinished_store_is_refused_naming_the_missing_tasks(tmp_path: Path) -> None:
     source = manager(tmp_path)
     run_store_task(source, TOK, tmp_path / "c", 1, 3)

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import multiprocessing.connection
 import os
+import pickle
+import signal
 import sys
 from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["main", "task_from_environment"]
+__all__ = ["TaskProcessError", "main", "task_from_environment"]
 
 
 def task_from_environment(environ: Mapping[str, str] | None = None) -> tuple[int, int] | None:
@@ -84,15 +88,74 @@ def _run_task(arguments: tuple[str, int, int, str | None]) -> dict[str, str]:
     return prepare_task(config, index, count, cache_dir=cache_dir)
 
 
+class TaskProcessError(RuntimeError):
+    """A worker process of the local engine died (killed, out of memory) before its task finished."""
+
+
+def _task_process(job: tuple[str, int, int, str | None], connection: Any) -> None:
+    """Run one task in a worker process and send back its result or its error."""
+    try:
+        reply: tuple[str, Any] = ("done", _run_task(job))
+    except BaseException as error:  # noqa: BLE001 - sent to the parent, which raises it
+        try:
+            pickle.dumps(error)
+            reply = ("error", error)
+        except Exception:  # noqa: BLE001 - an exception that does not pickle is sent as its text
+            reply = ("error", RuntimeError(f"{type(error).__name__}: {error}"))
+    connection.send(reply)
+    connection.close()
+
+
+def _died(process: Any) -> str:
+    code = process.exitcode
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        hint = ", e.g. by the out-of-memory killer" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with status {code} without a result"
+
+
 def _local_engine(config: str, num_tasks: int, workers: int, cache_dir: str | None) -> None:
+    """Run every task here, ``workers`` at a time, one forked process per task.
+
+    A worker that dies (SIGKILL, the out-of-memory killer) is noticed at once: the other workers
+    are stopped and :class:`TaskProcessError` names the task (its rerun redoes only that task and
+    the ones stopped). A task's error is raised here as it was raised there.
+    """
     jobs = [(config, index, num_tasks, cache_dir) for index in range(num_tasks)]
     if workers <= 1:
         for job in jobs:
             _report(job[1], num_tasks, _run_task(job))
         return
-    with _pool_context().Pool(workers) as pool:
-        for index, result in enumerate(pool.imap(_run_task, jobs)):
-            _report(index, num_tasks, result)
+    context = _pool_context()
+    pending, running = list(jobs), {}
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                job = pending.pop(0)
+                receive, send = context.Pipe(duplex=False)
+                process = context.Process(target=_task_process, args=(job, send))  # may fork (num_proc)
+                process.start()
+                send.close()
+                running[process.sentinel] = (process, job[1], receive)
+            for sentinel in multiprocessing.connection.wait(list(running)):
+                process, index, receive = running.pop(sentinel)
+                reply = receive.recv() if receive.poll() else None
+                process.join()
+                if reply is None:
+                    raise TaskProcessError(
+                        f"task {index} of {num_tasks}: its worker process {_died(process)}. Nothing it wrote is "
+                        f"used; rerun it (lightning-tune-data prepare --config {config} --task-index {index} "
+                        f"--num-tasks {num_tasks}) or rerun the local engine, which skips the finished tasks."
+                    )
+                if reply[0] == "error":
+                    raise reply[1]
+                _report(index, num_tasks, reply[1])
+    finally:
+        for process, _, _ in running.values():
+            process.terminate()
+        for process, _, _ in running.values():
+            process.join()
 
 
 def _pool_context() -> multiprocessing.context.BaseContext:

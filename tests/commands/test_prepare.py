@@ -6,6 +6,9 @@ tests/suites/test_remote_store.py."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ import yaml
 from conftest import make_texts, write_jsonl
 
 from lightning_tune_data import prepare_task
+from lightning_tune_data.preprocess import tokenize_text
 from lightning_tune_data.cli import main as cli_main
 from lightning_tune_data.commands.prepare import task_from_environment
 from lightning_tune_data.report.batches import datamodule_from_config
@@ -111,3 +115,30 @@ def test_the_local_engine_runs_every_task_and_its_store_equals_the_one_task_stor
     assert json.loads((store / "_COMPLETE.json").read_text())["store"]["num_tasks"] == 3
     assert stored_rows(config, cache) == stored_rows(config, tmp_path / "one_task_cache")
     assert len(stored_rows(config, cache)) == 23
+
+
+def kill_on_marker(examples: dict, tokenizer, **kwargs) -> dict:
+    """A preprocess function that dies like a process the out-of-memory killer picked, on the row ``KILL``."""
+    if "KILL" in examples["text"]:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return tokenize_text(examples, tokenizer)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_worker_killed_mid_task_ends_the_local_engine_at_once_naming_the_task(tmp_path, capsys):
+    files = [write_jsonl(tmp_path / "a.jsonl", make_texts(9, seed=1)), tmp_path / "b.jsonl"]
+    files[1].write_text('{"text": "fine"}\n{"text": "KILL"}\n', encoding="utf-8")
+    content = {"data": {"max_seq_len": 32, "batch_size": 2, "cache_dir": str(tmp_path / "cache"), "dataset_managers": {
+        "train": {"notes": {"class_path": "lightning_tune_data.LocalDatasetManager", "init_args": {
+            "data_files": [str(f) for f in files], "preprocess_function": "test_prepare.kill_on_marker"}}}}}}
+    config = tmp_path / "kill.yaml"
+    config.write_text(yaml.safe_dump(content), encoding="utf-8")
+    started = time.monotonic()
+    assert prepare("--config", str(config), "--engine", "local", "--num-tasks", "2", "--workers", "2") == 2
+    assert time.monotonic() - started < 60
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert err.startswith("lightning-tune-data prepare: task 1 of 2: its worker process was killed by SIGKILL, e.g. "
+                          "by the out-of-memory killer.")
+    assert "--task-index 1 --num-tasks 2" in err

@@ -62,9 +62,12 @@ def prepare_task(config: ConfigLike, task_index: int, num_tasks: int, cache_dir:
         ``{"<split>/<name>": what happened}`` per source.
     """
     datamodule = _datamodule(config, cache_dir)
+    sources = [(label, manager, datamodule.store_root.with_url(manager.options.cache_dir))
+               for label, manager in stored_sources(datamodule)]
+    for url, root in {root.url: root for _, _, root in sources}.items():
+        root.check(writable=True)  # a mistyped bucket or missing credentials fail before any tokenization
     results: dict[str, str] = {}
-    for label, manager in stored_sources(datamodule):
-        root = datamodule.store_root.with_url(manager.options.cache_dir)
+    for label, manager, root in sources:
         results[label] = run_store_task(manager, datamodule.tokenizer, root, task_index, num_tasks)
         log.info("%s: task %d of %d: %s", manager.source_description, task_index, num_tasks, results[label])
     return results

@@ -115,6 +115,15 @@ class SourceCache:
             f"remove the store to start over (lightning-tune-data cache clean --cache-dir {self.root.url} --all)."
         )
 
+    def not_built(self, where: Any) -> CacheMissingError:
+        """The one-line error of a store missing where ``build_stores`` says not to build it."""
+        policy = self.root.build_stores + (" (a remote cache_dir)" if self.root.build_stores == "auto" else "")
+        return CacheMissingError(
+            f"{self.description}: no committed store at {where}, and build_stores={policy} does not build it here. "
+            f"Run lightning-tune-data prepare --config <config> with this cache_dir first (or set "
+            f"build_stores: if_missing to tokenize on this node); if the store should exist, check cache_dir."
+        )
+
     def build(self, fill: Callable[[Path], Any], inputs: Mapping[str, Any], verify_mode: VerifyMode) -> Path:
         """Reuse the committed store (after checking its files) or build it with ``fill``.
 
@@ -131,6 +140,8 @@ class SourceCache:
         final_dir = self.folder()
         if not is_valid_cache(final_dir, self.metadata) and (final_dir / "tasks").is_dir():
             self.finish_tasks(StoreFiles(self.root, final_dir.name), inputs)
+        if not self.root.builds_missing_stores and not is_valid_cache(final_dir, self.metadata):
+            raise self.not_built(final_dir)
         return build_cache_atomically(
             final_dir, fill, self.metadata, verify=_opens if verify_mode == "size" else None,
             verify_mode=verify_mode, inputs=inputs, description=self.description,
@@ -146,6 +157,9 @@ class SourceCache:
             if budgeted is not None:  # read shard by shard in training: nothing to copy now
                 return budgeted.cache.folder
             return download_store(files, content, self.folder(), self.description, verify_mode)
+        self.root.check(writable=self.root.builds_missing_stores)  # a mistyped bucket fails before any work
+        if not self.root.builds_missing_stores:
+            raise self.not_built(files.url())
         local = build_cache_atomically(
             self.folder(), fill, self.metadata, verify=_opens if verify_mode == "size" else None,
             verify_mode=verify_mode, inputs=inputs, description=self.description,

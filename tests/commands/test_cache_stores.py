@@ -44,7 +44,7 @@ def test_list_clean_and_verify_work_on_a_remote_root(tmp_path: Path, s3, capsys)
     def datamodule(name: str, seed: int) -> TextDataModule:
         source = LocalDatasetManager(data_files=str(write_jsonl(tmp_path / f"{name}.jsonl", make_texts(20, seed=seed))))
         return TextDataModule(dataset_managers={"train": {name: source}}, cache_dir=s3.url,
-                              storage_options=s3.storage_options, local_cache_dir=str(tmp_path / "node"))
+                              storage_options=s3.storage_options, local_cache_dir=str(tmp_path / "node"), build_stores="if_missing")
 
     datamodule("notes", 1).prepare_data()  # built here and uploaded
     partial = datamodule("draft", 2)

@@ -26,6 +26,7 @@ from conftest import S3_ENV, make_texts, write_jsonl
 from lightning_tune_data import finalize_stores, prepare_task
 from lightning_tune_data.cache.mirror import StoreCorruptError
 from lightning_tune_data.cache.root import StorageError
+from lightning_tune_data.managers import CacheMissingError
 from lightning_tune_data.cache.tasks import StoreNotCommittedError
 from lightning_tune_data.commands.prepare import main as prepare_main
 from lightning_tune_data.report.batches import datamodule_from_config
@@ -68,7 +69,9 @@ def config(files: dict[str, list[str]], cache_dir: str | Path, local_cache_dir: 
 
 
 def s3_config(s3, files: dict[str, list[str]], node: Path, **data: Any) -> dict:
-    return config(files, s3.url, node, s3.storage_options, **data)
+    """The config of a node that may build a missing store itself (``build_stores`` if_missing,
+    unless given): most tests here build the store with ``prepare_data`` on a writer node."""
+    return config(files, s3.url, node, s3.storage_options, **{"build_stores": "if_missing", **data})
 
 
 def write_yaml(path: Path, content: dict) -> str:
@@ -356,15 +359,39 @@ def test_an_unreachable_endpoint_fails_prepare_data_with_one_line_naming_the_url
     assert "Traceback" not in message and "botocore" not in message
 
 
-def test_a_missing_bucket_fails_prepare_data_with_one_line_naming_the_url(s3, tmp_path):
+@pytest.mark.parametrize("build_stores", ["auto", "if_missing"])
+def test_a_missing_bucket_fails_prepare_data_with_one_line_naming_the_url_before_any_work(s3, tmp_path, build_stores):
     files = write_corpus(tmp_path)
     url = f"s3://{s3.bucket}-missing/prefix"  # the test server is up; this bucket was never created
-    datamodule = datamodule_from_config(config(files, url, tmp_path / "node", s3.storage_options))
+    datamodule = datamodule_from_config(config(files, url, tmp_path / "node", s3.storage_options,
+                                               build_stores=build_stores))
     with pytest.raises(StorageError) as failed:
         datamodule.prepare_data()
     message = str(failed.value)
-    assert "\n" not in message and message.startswith(f"cache_dir {url}: cannot write {url}/a-")
-    assert "bucket does not exist" in message and "create the bucket" in message
+    assert "\n" not in message and message.startswith(f"cache_dir {url}: the bucket (or container) "
+                                                      f"'{s3.bucket}-missing' does not exist; create it first")
+    assert not (tmp_path / "node").exists() or not any((tmp_path / "node").iterdir())  # nothing tokenized
+
+
+def test_a_missing_store_under_a_remote_root_is_not_built_by_default_and_prepare_is_named(s3, tmp_path):
+    files = write_corpus(tmp_path)
+    datamodule = datamodule_from_config(config(files, f"{s3.url}/typo", tmp_path / "node", s3.storage_options))
+    with pytest.raises(CacheMissingError) as missing:
+        datamodule.prepare_data()
+    message = str(missing.value)
+    assert "\n" not in message and message.startswith(f"source 'a' (") and f"no committed store at {s3.url}/typo/a-" in message
+    assert "build_stores=auto (a remote cache_dir) does not build it here" in message
+    assert "Run lightning-tune-data prepare --config <config> with this cache_dir first" in message
+    assert not (tmp_path / "node").exists() or not any((tmp_path / "node").iterdir())  # nothing tokenized
+    assert not [key for key in s3.keys() if key.startswith("typo/")]  # and nothing written
+
+
+def test_prepare_checks_the_bucket_before_tokenizing_anything(s3, tmp_path):
+    files = write_corpus(tmp_path)
+    content = config(files, f"s3://{s3.bucket}-missing/x", tmp_path / "node", s3.storage_options)
+    with pytest.raises(StorageError, match=r"the bucket \(or container\) .* does not exist"):
+        prepare_task(content, 0, 2)
+    assert not (tmp_path / "node").exists() or not any((tmp_path / "node").iterdir())
 
 
 def test_a_task_count_other_than_the_partly_written_stores_fails_naming_both_counts_and_the_fix(s3, tmp_path, capsys):

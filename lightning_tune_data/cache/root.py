@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-__all__ = ["BUILD_STORES", "DEFAULT_SHARD_BYTES", "BuildStores", "StorageError", "StoreRoot",
+__all__ = ["BUILD_STORES", "DEFAULT_SHARD_BYTES", "BuildStores", "CacheBudgetError", "StorageError", "StoreRoot",
            "default_local_cache_dir", "parse_size"]
 
 #: When ``prepare_data`` may build a missing store itself: ``"if_missing"`` (tokenize here),
@@ -34,6 +34,10 @@ T = TypeVar("T")
 
 class StorageError(OSError):
     """Remote storage cannot be reached or used; the message names the URL and the likely fix."""
+
+
+class CacheBudgetError(ValueError):
+    """A node's ``cache_budget`` cannot hold what reading a store needs; the message names the size needed."""
 
 
 def default_local_cache_dir() -> Path:

@@ -43,6 +43,7 @@ __all__ = [
     "task_manifest_path",
     "task_name",
     "task_progress",
+    "unfinished_tasks",
     "write_task",
 ]
 
@@ -253,8 +254,8 @@ def commit_store(files: StoreFiles, num_tasks: int, fingerprint: str, metadata: 
     missing = [index for index, manifest in enumerate(manifests) if manifest is None]
     if missing:
         raise StoreNotCommittedError(
-            f"{description}: cannot commit the store at {files.url()}: {describe_tasks(missing, num_tasks)} "
-            f"of {num_tasks} have not finished (no valid done-marker, or a shard is missing). Run them "
+            f"{description}: cannot commit the store at {files.url()}: {unfinished_tasks(missing, num_tasks)} (no "
+            f"valid done-marker, or a shard is missing). Run {'it' if len(missing) == 1 else 'them'} "
             f"(lightning-tune-data prepare --task-index I --num-tasks {num_tasks}), then finalize again."
         )
     done = [manifest for manifest in manifests if manifest is not None]
@@ -332,6 +333,11 @@ def check_task_parts(manifests: list[TaskManifest], description: str, url: str) 
         problem = "some tasks split the source by whole files, others by rows"
     if problem is not None:
         raise StoreNotCommittedError(f"{description}: cannot commit the store at {url}: {problem}. {fix}")
+
+
+def unfinished_tasks(indices: list[int], num_tasks: int) -> str:
+    """``task 2 of 4 has not finished`` / ``tasks 1, 3 of 4 have not finished``, for messages."""
+    return f"{describe_tasks(indices, num_tasks)} of {num_tasks} {'has' if len(indices) == 1 else 'have'} not finished"
 
 
 def describe_tasks(indices: list[int], num_tasks: int) -> str:

@@ -32,6 +32,8 @@ def _datamodule(config: ConfigLike, cache_dir: str | None) -> TextDataModule:
         return config
     from lightning_tune_data.report.batches import datamodule_from_config
 
+    if isinstance(config, Mapping) and "data" not in config and "dataset_managers" in config:
+        config = {"data": config}  # the data: section alone, as the docstrings promise
     return datamodule_from_config(config, cache_dir=cache_dir)
 
 

@@ -24,7 +24,7 @@ from lightning_tune_data.cache.marker import COMPLETE_MARKER, is_valid_cache, ma
 from lightning_tune_data.cache.mirror import download_store, upload_store
 from lightning_tune_data.cache.node_cache import NODE_CACHE_FOLDER
 from lightning_tune_data.cache.records import rebuild_reason
-from lightning_tune_data.cache.root import StoreRoot
+from lightning_tune_data.cache.root import CacheBudgetError, StoreRoot
 from lightning_tune_data.cache.store import build_cache_atomically
 from lightning_tune_data.cache.store_files import StoreFiles
 from lightning_tune_data.cache.store_reader import open_store
@@ -32,11 +32,11 @@ from lightning_tune_data.cache.tasks import (
     StoreNotCommittedError,
     TaskManifest,
     commit_store,
-    describe_tasks,
     files_section,
     store_section,
     task_manifest_path,
     task_progress,
+    unfinished_tasks,
 )
 from lightning_tune_data.managers.errors import CacheMissingError
 
@@ -110,7 +110,7 @@ class SourceCache:
         missing = [index for index in range(num_tasks) if index not in done]
         raise StoreNotCommittedError(
             f"{self.description}: the store at {files.url()} is not committed: "
-            f"{describe_tasks(missing, num_tasks)} of {num_tasks} have not finished. Run them "
+            f"{unfinished_tasks(missing, num_tasks)}. Run {'it' if len(missing) == 1 else 'them'} "
             f"(lightning-tune-data prepare --config <config> --task-index I --num-tasks {num_tasks}), or "
             f"remove the store to start over (lightning-tune-data cache clean --cache-dir {self.root.url} --all)."
         )
@@ -174,7 +174,7 @@ class SourceCache:
         ``cache_budget`` the store's shards exceed; ``None`` when it is copied whole.
 
         Raises:
-            ValueError: The budget cannot hold a shuffle window and the next one.
+            CacheBudgetError: The budget cannot hold a shuffle window and the next one.
         """
         budget = self.root.cache_budget
         if not self.root.is_remote or budget is None or not (content.get("store") or {}).get("shards"):
@@ -182,7 +182,10 @@ class SourceCache:
         sizes = [int((content.get("files") or {})[shard["path"]]["size"]) for shard in content["store"]["shards"]]
         if sum(sizes) <= budget:
             return None
-        window = shuffle_window_for(sizes, budget, self.root.shuffle_window, self.description)
+        try:
+            window = shuffle_window_for(sizes, budget, self.root.shuffle_window, self.description)
+        except ValueError as error:
+            raise CacheBudgetError(str(error)) from None
         folder = self.root.local_dir / NODE_CACHE_FOLDER / files.name
         return CachedStore(files, content, folder, budget, window, self.description)
 

@@ -71,7 +71,7 @@ def test_progress_lists_done_tasks_per_task_count(files: StoreFiles) -> None:
 def test_the_commit_lists_every_shard_in_task_order_and_is_written_last(files: StoreFiles) -> None:
     task(files, 1, 2, [[3], [4, 5]])
     with pytest.raises(StoreNotCommittedError, match=r"source 'notes': cannot commit the store at .*notes-eeee: "
-                                                     r"task 0 of 2 have not finished"):
+                                                     r"task 0 of 2 has not finished"):
         commit_store(files, 2, FINGERPRINT, METADATA, {}, "source 'notes'")
     assert not files.exists(COMPLETE_MARKER)
     task(files, 0, 2, [[1, 2]])

@@ -96,7 +96,7 @@ def test_finalize_names_the_unfinished_task_with_exit_1_then_commits_once_it_ran
     capsys.readouterr()
     assert prepare("--config", config, "--finalize") == 1
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "task 1 of 2 have not finished" in err and "--num-tasks 2" in err
+    assert "\n" not in err and "task 1 of 2 has not finished" in err and "--num-tasks 2" in err
 
     assert prepare("--config", config, "--task-index", "1", "--num-tasks", "2") == 0
     assert "task 1 of 2: train/notes: written" in capsys.readouterr().out

@@ -209,7 +209,7 @@ def test_a_killed_task_leaves_no_done_marker_and_rerunning_only_it_commits_the_u
     assert leftovers, "the killed task's local staging folder"
 
     reader = s3_config(s3, files, tmp_path / "reader")
-    with pytest.raises(StoreNotCommittedError, match=r"task 2 of 4 have not finished") as refused:
+    with pytest.raises(StoreNotCommittedError, match=r"task 2 of 4 has not finished") as refused:
         datamodule_from_config(reader).setup("fit")
     assert "--task-index" in str(refused.value) and "--num-tasks 4" in str(refused.value)
     assert not committed_copies(tmp_path / "reader")
@@ -270,7 +270,7 @@ def test_setup_and_prepare_data_refuse_an_uncommitted_store_naming_the_missing_t
         reader.setup("fit")
     message = str(refused.value)
     assert "source 'a'" in message and f"{s3.url}/{store_name(s3, 'a')}" in message
-    assert "task 1 of 2 have not finished" in message
+    assert "task 1 of 2 has not finished" in message
     assert "--task-index I --num-tasks 2" in message and "cache clean" in message
     with pytest.raises(StoreNotCommittedError, match="task 1 of 2"):
         reader.prepare_data()  # does not build a second store beside the one being written

@@ -73,6 +73,28 @@ class StoreFiles:
         except FileNotFoundError:
             return None
 
+    def modified(self, relative: str) -> float | None:
+        """When the file was last written (seconds since the epoch), ``None`` when it does not exist."""
+        if self.fs is None:
+            try:
+                return os.stat(self.path(relative)).st_mtime
+            except FileNotFoundError:
+                return None
+        try:
+            return self._call(relative, lambda: self.fs.modified(self.path(relative))).timestamp()
+        except (FileNotFoundError, NotImplementedError):
+            return None
+
+    def delete(self, relative: str) -> None:
+        """Delete one file (nothing when it does not exist)."""
+        try:
+            if self.fs is None:
+                os.unlink(self.path(relative))
+            else:
+                self._call(relative, lambda: self.fs.rm_file(self.path(relative)))
+        except FileNotFoundError:
+            pass
+
     def read_json(self, relative: str) -> Any:
         """The JSON content of a file; ``None`` when it is missing or not valid JSON."""
         try:

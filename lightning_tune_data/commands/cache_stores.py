@@ -23,7 +23,7 @@ from lightning_tune_data.cache.marker import COMPLETE_MARKER, marker_matches, re
 from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.sizes import human_size
 from lightning_tune_data.cache.store_files import StoreFiles, store_folders
-from lightning_tune_data.cache.tasks import describe_tasks, task_progress
+from lightning_tune_data.cache.task_lease import STALE_AFTER_S, uncommitted_status
 from lightning_tune_data.version import __version__
 
 __all__ = ["RemoteStore", "list_remote", "clean_remote", "remote_stores", "verify_root"]
@@ -38,23 +38,32 @@ class RemoteStore:
     size: int
     rows: int | None
     stale: str | None
+    status: str = "committed"
 
     def row(self) -> list[str]:
         """The store's cells: name, size, source, rows, status."""
         rows = f"{self.rows:,} rows" if self.rows is not None else "-"
         return [self.files.name, human_size(self.size), self.source, rows,
-                f"stale: {self.stale}" if self.stale else "committed"]
+                f"stale: {self.stale}" if self.stale else self.status]
 
 
-def remote_stores(root: StoreRoot, source: str | None = None) -> list[RemoteStore]:
-    """Every store folder under a remote root (only ``source``'s when given).
+def remote_stores(root: StoreRoot, source: str | None = None, store: str | None = None,
+                  stale_after_s: float = STALE_AFTER_S) -> list[RemoteStore]:
+    """Every store folder under a remote root (only ``source``'s, or the one named ``store``, when given).
+
+    A store that is not committed is stale only when its tasks showed no sign of life for
+    ``stale_after_s`` seconds (:mod:`lightning_tune_data.cache.task_lease`).
 
     Args:
         root: The remote cache root.
         source: A source name to keep.
+        store: A store's name, as ``cache list`` prints it.
+        stale_after_s: How long a store that is not committed may show no sign of life.
     """
     stores = []
     for name in store_folders(root):
+        if store is not None and name != store:
+            continue
         files = StoreFiles(root, name)
         content = files.read_json(COMPLETE_MARKER)
         inputs = (content or {}).get("inputs") or {}
@@ -62,24 +71,22 @@ def remote_stores(root: StoreRoot, source: str | None = None) -> list[RemoteStor
         if source is not None and label != source:
             continue
         size = int(root.call(files.url(), lambda: files.fs.du(files.path())))
+        status = "committed"
         if marker_matches(content):
             stale = None if content.get("package_version") == __version__ else (
                 f"built by version {content.get('package_version')}, this is {__version__}")
             rows = (content.get("store") or {}).get("rows")
         else:
-            progress = task_progress(files)
-            num_tasks, done = max(progress.items(), key=lambda item: len(item[1])) if progress else (0, set())
-            missing = [i for i in range(num_tasks) if i not in done]
-            stale = (f"not committed: {describe_tasks(missing, num_tasks)} of {num_tasks} unfinished" if missing
-                     else "not committed" if num_tasks else "no store in it")
-            rows = None
-        stores.append(RemoteStore(files, label, size, rows, stale))
+            status, dead = uncommitted_status(files, stale_after_s)
+            stale, rows = (status if dead else None), None
+        stores.append(RemoteStore(files, label, size, rows, stale, status))
     return stores
 
 
-def list_remote(root: StoreRoot, source: str | None) -> int:
+def list_remote(root: StoreRoot, source: str | None, store: str | None = None,
+                stale_after_s: float = STALE_AFTER_S) -> int:
     """Print the stores under a remote root; returns 0."""
-    stores = remote_stores(root, source)
+    stores = remote_stores(root, source, store, stale_after_s)
     if not stores:
         print(f"No stores in {root.url}.")
         return 0
@@ -93,10 +100,15 @@ def list_remote(root: StoreRoot, source: str | None) -> int:
     return 0
 
 
-def clean_remote(root: StoreRoot, source: str | None, everything: bool, dry_run: bool) -> int:
-    """Remove the stale (or, with ``everything``, all) stores under a remote root; returns 0."""
-    stores = remote_stores(root, source)
-    doomed = stores if everything else [s for s in stores if s.stale]
+def clean_remote(root: StoreRoot, source: str | None, everything: bool, dry_run: bool, store: str | None = None,
+                 stale_after_s: float = STALE_AFTER_S) -> int:
+    """Remove the stale (``everything``: all; ``store``: that one, whatever its state) stores under
+    a remote root; returns 0, or 1 when ``store`` names no store."""
+    stores = remote_stores(root, source, store, stale_after_s)
+    if store is not None and not stores:
+        print(f"No store {store} in {root.url} (lightning-tune-data cache list shows the names).")
+        return 1
+    doomed = stores if everything or store is not None else [s for s in stores if s.stale]
     verb = "Would remove" if dry_run else "Removed"
     for store in doomed:
         if not dry_run:

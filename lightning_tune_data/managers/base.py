@@ -191,7 +191,9 @@ class SourceManager(ABC):
         :mod:`lightning_tune_data.managers.task_inputs`).
 
         Args:
-            cache_dir: The cache root (``datasets``' conversions live in its node-local folder).
+            cache_dir: The cache root, or a local folder (``datasets``' conversions of local data
+                files go into its node-local folder; a task passes its work folder, removed when
+                it is written).
             task_index, num_tasks: The task.
             revision: The hub commit to read (recorded in the part), ``None``: as configured.
 
@@ -221,7 +223,8 @@ class SourceManager(ABC):
         cache = self._cache(root, fingerprint_of(parts))
         inputs = {"source_key": cache.key, "source_name": self.source_name,
                   "package_version": __version__, "parts": parts}
-        build = CacheBuild(lambda: self.load_task(root, task_index, num_tasks, revision), self.preprocessing(),
+        build = CacheBuild(lambda work_dir: self.load_task(work_dir, task_index, num_tasks, revision),
+                           self.preprocessing(),
                            self.input_files, tokenizer, cache.fingerprint, task_index, num_tasks, root.shard_bytes,
                            inputs)
         return cache, build, inputs

@@ -24,6 +24,7 @@ from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.store_files import StoreFiles, store_folders
 from lightning_tune_data.cache.marker import COMPLETE_MARKER
 from lightning_tune_data.cache.records import describe_changes
+from lightning_tune_data.cache.task_lease import TaskLease
 from lightning_tune_data.cache.tasks import (
     TASK_FOLDER,
     StoreNotCommittedError,
@@ -53,7 +54,7 @@ def _check_task_count(files: StoreFiles, num_tasks: int, description: str, root:
             f"{description}: the store at {files.url()} is being written by {count} tasks ({len(done)} finished), "
             f"not {num_tasks}: a store's task count cannot change while it is written. Run with --num-tasks "
             f"{count}, or start over after removing the store (lightning-tune-data cache clean --cache-dir "
-            f"{root.url} --all, or delete {files.url()})."
+            f"{root.url} --store {files.name})."
         )
 
 
@@ -87,7 +88,7 @@ def _warn_other_partial_stores(root: StoreRoot, key: str, files: StoreFiles, inp
         warnings.warn(
             f"{description}: a partly written store of this source is at {other.url()}, but {what}, so this run "
             f"writes a new store at {files.url()}. If that is intended, remove the old one (lightning-tune-data "
-            f"cache clean --cache-dir {root.url}); if not, restore the old configuration and rerun its tasks.",
+            f"cache clean --cache-dir {root.url} --store {other.name}); if not, restore the old configuration and rerun its tasks.",
             stacklevel=3,
         )
 
@@ -155,8 +156,9 @@ def run_store_task(manager: SourceManager, tokenizer: Tokenizer, cache_dir: str 
     else:
         staging = _staging_folder(root, files.name, task_index, num_tasks)
         try:
-            manifest = build(staging)
-            discarded = _publish(staging, files, manifest, cache)
+            with TaskLease(files, task_index, num_tasks):  # the store is being written: never "stale"
+                manifest = build(staging)
+                discarded = _publish(staging, files, manifest, cache)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         if discarded is not None:

@@ -77,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=1, help="processes of the local engine (default 1)")
     parser.add_argument("--finalize", action="store_true",
                         help="only commit the stores whose tasks all finished; name the unfinished tasks")
+    parser.add_argument("--repair", action="store_true",
+                        help="verify every file of the committed stores; redo only the tasks whose files fail, "
+                             "then commit again (other stores are not touched)")
     parser.add_argument("--cache-dir", default=None, help="override data.cache_dir of the config")
     return parser
 
@@ -191,6 +194,12 @@ def main(argv: list[str]) -> int:
     from lightning_tune_data.datamodule.store_tasks import finalize_stores
 
     try:
+        if args.repair:
+            from lightning_tune_data.datamodule.store_tasks import repair_stores
+
+            for source, status in repair_stores(args.config, cache_dir=args.cache_dir).items():
+                print(f"{source}: {status}")
+            return 0
         if args.finalize:
             for source, status in finalize_stores(args.config, cache_dir=args.cache_dir).items():
                 print(f"{source}: {status}")

@@ -19,9 +19,10 @@ from typing import Any
 from lightning_tune_data.datamodule.module import TextDataModule
 from lightning_tune_data.datamodule.splits import SPLITS
 from lightning_tune_data.managers import UnconditionalGenerationDatasetManager
+from lightning_tune_data.managers.store_repair import repair_source_store
 from lightning_tune_data.managers.store_task import finalize_source_store, run_store_task
 
-__all__ = ["finalize_stores", "prepare_task", "stored_sources"]
+__all__ = ["finalize_stores", "prepare_task", "repair_stores", "stored_sources"]
 
 log = logging.getLogger("lightning_tune_data.managers")
 ConfigLike = str | os.PathLike[str] | Mapping[str, Any] | TextDataModule
@@ -73,6 +74,25 @@ def prepare_task(config: ConfigLike, task_index: int, num_tasks: int, cache_dir:
         results[label] = run_store_task(manager, datamodule.tokenizer, root, task_index, num_tasks)
         log.info("%s: task %d of %d: %s", manager.source_description, task_index, num_tasks, results[label])
     return results
+
+
+def repair_stores(config: ConfigLike, cache_dir: str | None = None) -> dict[str, str]:
+    """Verify every file of every committed store of ``config``; redo only the tasks whose files fail.
+
+    Args:
+        config: As for :func:`prepare_task`.
+        cache_dir: Overrides the config's ``data.cache_dir``.
+
+    Returns:
+        ``{"<split>/<name>": "intact (...)" | "repaired: ..."}``.
+
+    Raises:
+        StoreNotCommittedError: A store is not committed, or cannot be repaired (named, with the fix).
+    """
+    datamodule = _datamodule(config, cache_dir)
+    return {label: repair_source_store(manager, datamodule.tokenizer,
+                                       datamodule.store_root.with_url(manager.options.cache_dir))
+            for label, manager in stored_sources(datamodule)}
 
 
 def finalize_stores(config: ConfigLike, cache_dir: str | None = None) -> dict[str, str]:

@@ -142,3 +142,11 @@ def test_a_worker_killed_mid_task_ends_the_local_engine_at_once_naming_the_task(
     assert err.startswith("lightning-tune-data prepare: task 1 of 2: its worker process was killed by SIGKILL, e.g. "
                           "by the out-of-memory killer.")
     assert "--task-index 1 --num-tasks 2" in err
+
+
+def test_prepare_repair_names_every_store_it_checked(tmp_path, capsys):
+    config = write_config(tmp_path, tmp_path / "cache")
+    assert prepare("--config", config, "--task-index", "0", "--num-tasks", "1") == 0
+    capsys.readouterr()
+    assert prepare("--config", config, "--repair") == 0
+    assert capsys.readouterr().out.startswith("train/notes: intact (")

@@ -143,7 +143,10 @@ def _local_engine(config: str, num_tasks: int, workers: int, cache_dir: str | No
                 running[process.sentinel] = (process, job[1], receive)
             for sentinel in multiprocessing.connection.wait(list(running)):
                 process, index, receive = running.pop(sentinel)
-                reply = receive.recv() if receive.poll() else None
+                try:
+                    reply = receive.recv() if receive.poll() else None
+                except EOFError:  # the pipe closed without a reply: the process died
+                    reply = None
                 process.join()
                 if reply is None:
                     raise TaskProcessError(

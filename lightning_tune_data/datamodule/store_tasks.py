@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 
 from typing import Any
 
+from lightning_tune_data.cache.tasks import StoreNotCommittedError
 from lightning_tune_data.datamodule.module import TextDataModule
 from lightning_tune_data.datamodule.splits import SPLITS
 from lightning_tune_data.managers import UnconditionalGenerationDatasetManager
@@ -106,11 +107,21 @@ def finalize_stores(config: ConfigLike, cache_dir: str | None = None) -> dict[st
         ``{"<split>/<name>": "committed" | "committed before"}``.
 
     Raises:
-        StoreNotCommittedError: A source's store has unfinished tasks (named) or none at all.
+        StoreNotCommittedError: Stores have unfinished tasks or none at all (every one of them named).
     """
     datamodule = _datamodule(config, cache_dir)
-    return {label: finalize_source_store(manager, datamodule.tokenizer,
-                                         datamodule.store_root.with_url(manager.options.cache_dir))
-            for label, manager in stored_sources(datamodule)}
+    results: dict[str, str] = {}
+    unfinished: list[str] = []
+    for label, manager in stored_sources(datamodule):
+        try:
+            results[label] = finalize_source_store(manager, datamodule.tokenizer,
+                                                   datamodule.store_root.with_url(manager.options.cache_dir))
+        except StoreNotCommittedError as error:
+            unfinished.append(str(error))
+    if unfinished:  # every unfinished store named, not only the first
+        count = len(unfinished)
+        raise StoreNotCommittedError(f"{count} store{'s are' if count != 1 else ' is'} not committed: "
+                                     + " | ".join(unfinished))
+    return results
 
 

@@ -133,7 +133,7 @@ def run_store_task(manager: SourceManager, tokenizer: Tokenizer, cache_dir: str 
 
     Returns:
         What happened, in a few words (``"written"``, ``"already done"``, ``"store committed before"``,
-        with ``", store committed"`` when this task committed it).
+        with ``", store committed at <url>"`` when this task committed it).
 
     Raises:
         StoreNotCommittedError: The store is being written with another number of tasks.
@@ -166,7 +166,7 @@ def run_store_task(manager: SourceManager, tokenizer: Tokenizer, cache_dir: str 
         status = f"written ({sum(s.rows for s in manifest.shards):,} rows, {len(manifest.shards)} shards)"
     if len(task_progress(files).get(num_tasks, ())) == num_tasks:
         commit_store(files, num_tasks, cache.fingerprint, cache.metadata, inputs, cache.description)
-        status += ", store committed"
+        status += f", store committed at {files.url()}"  # where a training job's cache_dir finds it
     return status
 
 

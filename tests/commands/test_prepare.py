@@ -110,8 +110,8 @@ def test_the_local_engine_runs_every_task_and_its_store_equals_the_one_task_stor
     assert prepare("--config", config, "--engine", "local", "--num-tasks", "3") == 0
     out = capsys.readouterr().out
     assert [line.split(":")[0] for line in out.splitlines()] == [f"task {i} of 3" for i in range(3)]
-    assert out.splitlines()[-1].endswith("store committed")
     [store] = cache.glob("notes-*")
+    assert out.splitlines()[-1].endswith(f"store committed at {store}")
     assert json.loads((store / "_COMPLETE.json").read_text())["store"]["num_tasks"] == 3
     assert stored_rows(config, cache) == stored_rows(config, tmp_path / "one_task_cache")
     assert len(stored_rows(config, cache)) == 23
@@ -150,3 +150,18 @@ def test_prepare_repair_names_every_store_it_checked(tmp_path, capsys):
     capsys.readouterr()
     assert prepare("--config", config, "--repair") == 0
     assert capsys.readouterr().out.startswith("train/notes: intact (")
+
+
+def test_finalize_names_every_unfinished_store_not_only_the_first(tmp_path, capsys):
+    data = [write_jsonl(tmp_path / f"{name}.jsonl", make_texts(9, seed=i)) for i, name in enumerate(("notes", "web"))]
+    content = {"data": {"max_seq_len": 32, "batch_size": 2, "cache_dir": str(tmp_path / "cache"), "dataset_managers": {
+        "train": {name: {"class_path": "lightning_tune_data.LocalDatasetManager", "init_args": {"data_files": str(path)}}
+                  for name, path in zip(("notes", "web"), data)}}}}
+    config = tmp_path / "two.yaml"
+    config.write_text(yaml.safe_dump(content), encoding="utf-8")
+    assert prepare("--config", str(config), "--task-index", "0", "--num-tasks", "2") == 0
+    capsys.readouterr()
+    assert prepare("--config", str(config), "--finalize") == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("lightning-tune-data prepare: 2 stores are not committed: source 'notes'")
+    assert "| source 'web'" in err and err.count("task 1 of 2 has not finished") == 2

@@ -57,7 +57,7 @@ def test_tasks_of_a_store_read_the_commit_the_first_task_resolved_though_the_hub
                             capture_output=True, text=True, timeout=240, env=dict(os.environ))
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith(("TASK", "TEXTS"))]
-    assert lines[1].endswith("store committed"), lines
+    assert ", store committed at " in lines[1], lines
     texts = json.loads(lines[2][len("TEXTS "):].replace("'", '"'))
     assert texts == COMMITS["a" * 40]  # every row of the first commit, once; none of the second
     assert any(path.endswith("/train.jsonl") and "a" * 40 in path for path in hub.paths)

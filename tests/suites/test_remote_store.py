@@ -170,7 +170,7 @@ def test_four_task_processes_write_one_s3_store_equal_to_a_one_task_store_row_fo
     lines = [line for _, out, _ in results for line in out.splitlines()]
     for source in SOURCES:
         written = [line for line in lines if f": train/{source}: written" in line]
-        assert len(written) == 4 and any(line.endswith("store committed") for line in written), lines
+        assert len(written) == 4 and any(", store committed at s3://" in line for line in written), lines
         commit = commit_of(s3, source)
         assert commit["store"]["num_tasks"] == 4
         assert {shard["path"].split("/")[1] for shard in commit["store"]["shards"]} == {
@@ -216,7 +216,7 @@ def test_a_killed_task_leaves_no_done_marker_and_rerunning_only_it_commits_the_u
 
     assert prepare_task(content, 0, 4) == {"train/a": "already done", "train/b": "already done"}
     rerun = prepare_task(content, 2, 4)
-    assert all(status.startswith("written") and status.endswith("store committed") for status in rerun.values()), rerun
+    assert all(status.startswith("written") and ", store committed at " in status for status in rerun.values()), rerun
     assert prepare_task(content, 3, 4) == {"train/a": "store committed before", "train/b": "store committed before"}
     assert not [p for p in leftovers if p.exists()], "the rerun removes the killed run's staging folder"
 
@@ -229,7 +229,7 @@ def test_racing_finalizers_both_succeed_and_leave_exactly_the_one_deterministic_
     files = write_corpus(tmp_path)
     content = s3_config(s3, files, tmp_path / "writer")
     prepare_task(content, 0, 2)
-    assert prepare_task(content, 1, 2)["train/a"].endswith("store committed")
+    assert ", store committed at s3://" in prepare_task(content, 1, 2)["train/a"]
     keys_before = s3.keys()
     commits = {source: s3.get(f"{store_name(s3, source)}/_COMPLETE.json") for source in SOURCES}
     for source in SOURCES:

@@ -42,7 +42,7 @@ from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.store_files import StoreFiles
 from lightning_tune_data.cache.task_lease import STALE_AFTER_S, uncommitted_status
 from lightning_tune_data.cache.tasks import TASK_FOLDER
-from lightning_tune_data.commands.cache_stores import clean_remote, list_remote, verify_root
+from lightning_tune_data.commands.cache_stores import clean_remote, list_remote, store_details, verify_root
 from lightning_tune_data.version import __version__
 
 __all__ = ["CacheEntry", "main", "scan"]
@@ -208,7 +208,13 @@ def main(argv: list[str]) -> int:
         if not entries:
             print(f"No caches in {root}.")
             return 0
-        print(_table([e.row() for e in entries]))
+        table = _table([e.row() for e in entries]).splitlines()
+        print(table[0])
+        for line, entry in zip(table[1:], entries):
+            print(line)
+            content = read_cache_metadata(entry.path) if entry.path.is_dir() and not entry.stale else None
+            if content:
+                print(store_details(content, str(entry.path)))
         print(f"\n{_summary(entries, root)}")
         return 0
     doomed = entries if args.all or args.store is not None else [e for e in entries if e.stale]

@@ -18,6 +18,7 @@ from typing import Any
 
 import xxhash
 
+from lightning_tune_data.cache.cached_store import WINDOWS_KEPT
 from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM, READ_CHUNK_BYTES, verify_files
 from lightning_tune_data.cache.marker import COMPLETE_MARKER, marker_matches, read_cache_metadata
 from lightning_tune_data.cache.root import StoreRoot
@@ -26,7 +27,7 @@ from lightning_tune_data.cache.store_files import StoreFiles, store_folders
 from lightning_tune_data.cache.task_lease import STALE_AFTER_S, uncommitted_status
 from lightning_tune_data.version import __version__
 
-__all__ = ["RemoteStore", "list_remote", "clean_remote", "remote_stores", "verify_root"]
+__all__ = ["RemoteStore", "clean_remote", "list_remote", "remote_stores", "store_details", "verify_root"]
 
 
 @dataclass
@@ -83,6 +84,27 @@ def remote_stores(root: StoreRoot, source: str | None = None, store: str | None 
     return stores
 
 
+def store_details(content: dict[str, Any] | None, url: str) -> str:
+    """The second ``cache list`` line of a committed store: its URL (what a training job's
+    ``cache_dir`` points at), shards, largest shard, tokenizer, and the ``cache_budget`` it needs.
+
+    Args:
+        content: The store's commit (``None``: only the URL).
+        url: Where the store is.
+    """
+    if not content:
+        return f"    {url}"
+    files = content.get("files") or {}
+    sizes = [int(files[shard["path"]]["size"]) for shard in (content.get("store") or {}).get("shards") or []
+             if shard.get("path") in files]
+    tokenizer = ((content.get("inputs") or {}).get("parts") or {}).get("tokenizer") or "?"
+    if not sizes:
+        return f"    {url}  tokenizer {tokenizer}"
+    largest, total = max(sizes), sum(sizes)
+    return (f"    {url}  {len(sizes)} shards, largest {human_size(largest)}, tokenizer {tokenizer}; cache_budget: "
+            f"{human_size(total)} copies it whole, at least {human_size(WINDOWS_KEPT * largest)} reads it shard by shard")
+
+
 def list_remote(root: StoreRoot, source: str | None, store: str | None = None,
                 stale_after_s: float = STALE_AFTER_S) -> int:
     """Print the stores under a remote root; returns 0."""
@@ -93,7 +115,12 @@ def list_remote(root: StoreRoot, source: str | None, store: str | None = None,
     header = ["STORE", "SIZE", "SOURCE", "ROWS", "STATUS"]
     rows = [header, *[s.row() for s in stores]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    print("\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows))
+    lines = ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
+    print(lines[0])
+    for line, found in zip(lines[1:], stores):
+        print(line)
+        committed = found.files.read_json(COMPLETE_MARKER) if found.rows is not None else None
+        print(store_details(committed, found.files.url()))
     stale = [s for s in stores if s.stale]
     hint = f": 'lightning-tune-data cache clean --cache-dir {root.url}' removes them" if stale else ""
     print(f"\n{len(stores)} stores, {human_size(sum(s.size for s in stores))} in {root.url}; {len(stale)} stale{hint}.")

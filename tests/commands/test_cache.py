@@ -144,6 +144,10 @@ def test_clean_keeps_a_store_whose_tasks_are_alive_and_clean_store_removes_exact
     [partial] = [p.name for p in cache_dir.glob("notes-*")]
     listing = cli("list", "--cache_dir", str(cache_dir)).stdout
     assert "not committed: tasks 1, 2 of 3 unfinished, last task activity" in listing and "nothing stale" in listing
+    [web] = [p.name for p in cache_dir.glob("web-*") if p.is_dir()]
+    details = listing.splitlines()[listing.splitlines().index(next(l for l in listing.splitlines() if l.startswith(web))) + 1]
+    assert details.startswith(f"    {cache_dir / web}  1 shards, largest ") and "tokenizer ByteTokenizer" in details
+    assert "copies it whole, at least" in details and "reads it shard by shard" in details
     assert "Removed 0 of" in cli("clean", "--cache_dir", str(cache_dir)).stdout
     assert (cache_dir / partial).is_dir()
     assert "stale: not committed: tasks 1, 2 of 3 unfinished, no sign of life for" in cli(

@@ -166,8 +166,10 @@ def _parser() -> argparse.ArgumentParser:
                        ("clean", "remove stale caches (or all with --all)"),
                        ("verify", "re-hash every file of every cache and compare with its recorded checksum")):
         sub = actions.add_parser(name, help=text)
-        sub.add_argument("--cache_dir", "--cache-dir", default=str(default_cache_dir()),
-                         help="the cache root (the data.cache_dir of your config; default: %(default)s)")
+        sub.add_argument("--config", default=None,
+                         help="a fit YAML config: its data.cache_dir and data.storage_options are the defaults")
+        sub.add_argument("--cache_dir", "--cache-dir", default=None,
+                         help=f"the cache root (the data.cache_dir of your config; default: {default_cache_dir()})")
         sub.add_argument("--source", default=None, help="only caches of this source name")
         sub.add_argument("--store", default=None, help="only this store (its name as `cache list` prints it); "
                                                        "`clean --store NAME` removes it whatever its state")
@@ -183,6 +185,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _config_defaults(args: argparse.Namespace) -> None:
+    """Fill ``--cache-dir`` and ``--storage-options`` not given on the command line from the
+    ``data:`` section of ``--config``, else the default cache root."""
+    from lightning_tune_data.datamodule.module import default_cache_dir
+
+    data = {}
+    if args.config is not None:
+        import yaml
+
+        data = (yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}).get("data") or {}
+    if args.cache_dir is None:
+        args.cache_dir = str(data.get("cache_dir") or default_cache_dir())
+    if args.storage_options is None:
+        args.storage_options = data.get("storage_options")
+
+
 def main(argv: list[str]) -> int:
     """Run ``cache list`` or ``cache clean``; returns the exit code.
 
@@ -190,6 +208,7 @@ def main(argv: list[str]) -> int:
         argv: The arguments after ``cache`` (``list``/``clean`` and their options).
     """
     args = _parser().parse_args(argv)
+    _config_defaults(args)
     if args.action == "verify":
         return verify_root(args)
     stale_after_s = args.stale_after * 3600

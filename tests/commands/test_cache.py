@@ -160,3 +160,17 @@ def test_clean_keeps_a_store_whose_tasks_are_alive_and_clean_store_removes_exact
                               str(cache_dir), "--store", partial], env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1 and f"No store {partial} in {cache_dir}" in missing.stdout
+
+
+def test_cache_commands_read_cache_dir_and_storage_options_from_a_config(tmp_path, capsys):
+    import yaml
+
+    cache_dir = tmp_path / "cache"
+    prepare(write_jsonl(tmp_path / "web.jsonl", make_texts(20, seed=2)), cache_dir, name="web")
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump({"data": {"cache_dir": str(cache_dir), "storage_options": None}}))
+    capsys.readouterr()
+    assert main(["list", "--config", str(config)]) == 0
+    assert f"in {cache_dir}; nothing stale." in capsys.readouterr().out
+    assert main(["list", "--config", str(config), "--cache-dir", str(tmp_path / "elsewhere")]) == 0
+    assert capsys.readouterr().out.strip() == f"No caches in {tmp_path / 'elsewhere'}."  # the flag wins

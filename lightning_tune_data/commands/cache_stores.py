@@ -119,7 +119,7 @@ def list_remote(root: StoreRoot, source: str | None, store: str | None = None,
     print(lines[0])
     for line, found in zip(lines[1:], stores):
         print(line)
-        committed = found.files.read_json(COMPLETE_MARKER) if found.rows is not None else None
+        committed = found.files.read_json(COMPLETE_MARKER) if found.status == "committed" else None
         print(store_details(committed, found.files.url()))
     stale = [s for s in stores if s.stale]
     hint = f": 'lightning-tune-data cache clean --cache-dir {root.url}' removes them" if stale else ""
@@ -176,7 +176,8 @@ def verify_root(args: argparse.Namespace) -> int:
     root = StoreRoot(args.cache_dir, args.storage_options)
     checked, bad = 0, 0
     if root.is_remote:
-        targets = [(s.files.url(), s.files) for s in remote_stores(root, args.source) if s.stale is None]
+        targets = [(s.files.url(), s.files) for s in remote_stores(root, args.source, getattr(args, "store", None))
+                   if s.stale is None and s.status == "committed"]
     else:
         folder = root.local_path().expanduser()
         targets = [(str(p), p) for p in sorted(folder.iterdir()) if p.is_dir() and read_cache_metadata(p)] \

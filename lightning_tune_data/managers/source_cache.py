@@ -213,6 +213,14 @@ class SourceCache:
                 f"preprocessing, data files or package version differ from when they were built."
                 if others else ""
             )
+            read = [entry.get("path") for entry in
+                    ((((inputs or {}).get("parts") or {}).get("source") or {}).get("data_file_identities") or [])
+                    if isinstance(entry, dict) and entry.get("path")]
+            if read:
+                shown = ", ".join(read[:3]) + (f", ... ({len(read)} files)" if len(read) > 3 else "")
+                hint += (f" Local data files are keyed by their resolved path and their content: this configuration "
+                         f"reads {shown}; the same files reached through another path (a copy, a hard link, another "
+                         f"mount point) make another store.")
             raise CacheMissingError(
                 f"{self.description}: no valid preprocessed cache at {files.url()}. Run "
                 f"prepare_data first (TextDataModule.prepare_data / the Trainer does this on local "

@@ -3,6 +3,7 @@ committed by whichever task finishes last, with the same rows whatever the numbe
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,16 @@ def test_setup_commits_and_opens_a_local_store_whose_tasks_all_finished(tmp_path
     commit.unlink()  # as if both tasks died right before committing
     assert len(source.setup(TOK, tmp_path / "c")) == sum(7 + i for i in range(5))
     assert commit.read_bytes() == first
+
+
+def test_a_hard_link_to_the_data_is_another_store_and_the_error_names_the_path_it_reads(tmp_path: Path) -> None:
+    source = manager(tmp_path, 1)
+    run_store_task(source, TOK, tmp_path / "c", 0, 1)
+    linked = tmp_path / "elsewhere" / "part-0.jsonl"
+    linked.parent.mkdir()
+    os.link(source.data_files[0], linked)  # same inode, same bytes, another path
+    other = LocalDatasetManager(data_files=[str(linked)])
+    other.source_name = "notes"
+    with pytest.raises(CacheMissingError, match=r"keyed by their resolved path and their content: this configuration "
+                                                rf"reads {linked}; the same files reached through another path"):
+        other.setup(TOK, tmp_path / "c")

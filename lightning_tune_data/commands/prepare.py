@@ -22,9 +22,10 @@ import pickle
 import signal
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-__all__ = ["TaskProcessError", "main", "task_from_environment"]
+__all__ = ["TaskProcessError", "main", "task_from_environment", "with_overrides"]
 
 
 def task_from_environment(environ: Mapping[str, str] | None = None) -> tuple[int, int] | None:
@@ -84,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_task(arguments: tuple[str, int, int, str | None]) -> dict[str, str]:
+def _run_task(arguments: tuple[str | dict[str, Any], int, int, str | None]) -> dict[str, str]:
     from lightning_tune_data.datamodule.store_tasks import prepare_task
 
     config, index, count, cache_dir = arguments
@@ -118,7 +119,49 @@ def _died(process: Any) -> str:
     return f"exited with status {code} without a result"
 
 
-def _local_engine(config: str, num_tasks: int, workers: int, cache_dir: str | None) -> None:
+def with_overrides(config: str, overrides: list[str]) -> str | dict[str, Any]:
+    """The config at ``config`` with ``--data.<key> VALUE`` / ``--data.<key>=VALUE`` applied, as
+    ``fit`` accepts them (values are YAML: ``--data.shard_size 64MB``, ``--data.seed 3``); the path
+    itself when there are none.
+
+    Args:
+        config: The YAML config's path.
+        overrides: The command-line arguments ``prepare`` does not know itself.
+
+    Raises:
+        ValueError: An argument that is not a ``--data.*`` override, or one without a value.
+    """
+    if not overrides:
+        return config
+    import yaml
+
+    loaded = yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}
+    position = 0
+    while position < len(overrides):
+        argument = overrides[position]
+        if not argument.startswith("--data."):
+            raise ValueError(f"unrecognized argument {argument!r}: prepare takes its own options (see --help) and "
+                             f"--data.<key> VALUE overrides of the config, as fit does.")
+        if "=" in argument:
+            key, value = argument[2:].split("=", 1)
+        elif position + 1 < len(overrides):
+            key, value = argument[2:], overrides[position + 1]
+            position += 1
+        else:
+            raise ValueError(f"{argument} needs a value (e.g. {argument} VALUE).")
+        node = loaded
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--{key}: {part} is not a mapping in {config}.")
+        node[last] = yaml.safe_load(value)
+        position += 1
+    return loaded
+
+
+def _local_engine(config: str | dict[str, Any], num_tasks: int, workers: int, cache_dir: str | None,
+                  label: str | None = None) -> None:
     """Run every task here, ``workers`` at a time, one forked process per task.
 
     A worker that dies (SIGKILL, the out-of-memory killer) is noticed at once: the other workers
@@ -151,7 +194,7 @@ def _local_engine(config: str, num_tasks: int, workers: int, cache_dir: str | No
                 if reply is None:
                     raise TaskProcessError(
                         f"task {index} of {num_tasks}: its worker process {_died(process)}. Nothing it wrote is "
-                        f"used; rerun it (lightning-tune-data prepare --config {config} --task-index {index} "
+                        f"used; rerun it (lightning-tune-data prepare --config {label or config} --task-index {index} "
                         f"--num-tasks {num_tasks}) or rerun the local engine, which skips the finished tasks."
                     )
                 if reply[0] == "error":
@@ -192,11 +235,14 @@ def main(argv: list[str]) -> int:
         0 when the tasks ran (or the stores were committed), 1 when ``--finalize`` found
         unfinished tasks, 2 when the config, the data or the storage is unusable (printed).
     """
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
     from lightning_tune_data.cache.tasks import StoreNotCommittedError
     from lightning_tune_data.datamodule.store_tasks import finalize_stores
 
+    label = args.config
     try:
+        args.config = with_overrides(args.config, extra)
         if args.repair:
             from lightning_tune_data.datamodule.store_tasks import repair_stores
 
@@ -214,7 +260,7 @@ def main(argv: list[str]) -> int:
             chosen = task_from_environment()
         if chosen is None:
             num_tasks = args.num_tasks or max(1, args.workers)
-            _local_engine(args.config, num_tasks, max(1, args.workers), args.cache_dir)
+            _local_engine(args.config, num_tasks, max(1, args.workers), args.cache_dir, label)
         else:
             _report(chosen[0], chosen[1], _run_task((args.config, chosen[0], chosen[1], args.cache_dir)))
     except StoreNotCommittedError as error:

@@ -165,3 +165,15 @@ def test_finalize_names_every_unfinished_store_not_only_the_first(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("lightning-tune-data prepare: 2 stores are not committed: source 'notes'")
     assert "| source 'web'" in err and err.count("task 1 of 2 has not finished") == 2
+
+
+def test_prepare_accepts_data_overrides_as_fit_does(tmp_path, capsys):
+    config = write_config(tmp_path, tmp_path / "cache")
+    moved = tmp_path / "moved"
+    assert prepare("--config", config, "--task-index", "0", "--num-tasks", "1", f"--data.cache_dir={moved}",
+                   "--data.shard_size", "100B") == 0
+    [store] = moved.glob("notes-*")
+    assert len(json.loads((store / "_COMPLETE.json").read_text())["store"]["shards"]) > 1  # 100-byte shards
+    assert not (tmp_path / "cache").exists()
+    assert prepare("--config", config, "--bogus", "1") == 2
+    assert "unrecognized argument '--bogus'" in capsys.readouterr().err

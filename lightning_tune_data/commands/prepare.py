@@ -97,7 +97,14 @@ class TaskProcessError(RuntimeError):
 
 
 def _task_process(job: tuple[str, int, int, str | None], connection: Any) -> None:
-    """Run one task in a worker process and send back its result or its error."""
+    """Run one task in a worker process and send back its result or its error.
+
+    The worker shows no progress bars of its own: the bars of several workers would overwrite each
+    other on one line; the parent prints one line per finished task instead.
+    """
+    import datasets
+
+    datasets.disable_progress_bars()
     try:
         reply: tuple[str, Any] = ("done", _run_task(job))
     except BaseException as error:  # noqa: BLE001 - sent to the parent, which raises it

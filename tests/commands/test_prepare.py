@@ -177,3 +177,13 @@ def test_prepare_accepts_data_overrides_as_fit_does(tmp_path, capsys):
     assert not (tmp_path / "cache").exists()
     assert prepare("--config", config, "--bogus", "1") == 2
     assert "unrecognized argument '--bogus'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_local_engine_workers_do_not_interleave_progress_bars(tmp_path, capfd):
+    config = write_config(tmp_path, tmp_path / "cache")
+    assert prepare("--config", config, "--engine", "local", "--num-tasks", "2", "--workers", "2") == 0
+    out, err = capfd.readouterr()
+    assert "Tokenizing" not in err  # two workers' bars would overwrite each other on one line
+    assert sorted(line.split(":")[0] for line in out.splitlines() if line.startswith("task ")) == [
+        "task 0 of 2", "task 1 of 2"]

@@ -18,6 +18,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import datasets
+from tqdm.auto import tqdm
 
 from lightning_tune_data.cache.layout import process_alive
 from lightning_tune_data.cache.root import StoreRoot
@@ -112,12 +114,18 @@ def _publish(staging: Path, files: StoreFiles, manifest: TaskManifest, cache: So
     index, count = manifest.task_index, manifest.num_tasks
     steps = [[shard.path for shard in manifest.shards], [task_manifest_path(index, count)],
              [done_marker_path(index, count)]]
-    for paths in steps:
-        why = superseded()
-        if why is not None:
-            return why
-        for path in paths:
-            files.put(staging / path, path, move=True)
+    total = sum((staging / path).stat().st_size for paths in steps for path in paths)
+    shown = files.fs is not None and datasets.is_progress_bar_enabled()  # an upload, not a local move
+    with tqdm(total=total, unit="B", unit_scale=True, disable=not shown,
+              desc=f"Uploading task {index} of {count} to {files.url()}") as bar:
+        for paths in steps:
+            why = superseded()
+            if why is not None:
+                return why
+            for path in paths:
+                size = (staging / path).stat().st_size
+                files.put(staging / path, path, move=True)
+                bar.update(size)
     return None
 
 

@@ -156,3 +156,13 @@ def test_a_hard_link_to_the_data_is_another_store_and_the_error_names_the_path_i
     with pytest.raises(CacheMissingError, match=r"keyed by their resolved path and their content: this configuration "
                                                 rf"reads {linked}; the same files reached through another path"):
         other.setup(TOK, tmp_path / "c")
+
+
+def test_a_task_shows_its_upload_to_a_remote_root(tmp_path: Path, s3, capsys) -> None:
+    from lightning_tune_data.cache.root import StoreRoot
+
+    source = manager(tmp_path, 1)
+    root = StoreRoot(s3.url, s3.storage_options, local_dir=tmp_path / "node")
+    assert ", store committed at s3://" in run_store_task(source, TOK, root, 0, 1)
+    err = capsys.readouterr().err
+    assert f"Uploading task 0 of 1 to {s3.url}/notes-" in err and "100%" in err

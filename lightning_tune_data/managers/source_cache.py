@@ -112,7 +112,8 @@ class SourceCache:
             f"{self.description}: the store at {files.url()} is not committed: "
             f"{unfinished_tasks(missing, num_tasks)}. Run {'it' if len(missing) == 1 else 'them'} "
             f"(lightning-tune-data prepare --config <config> --task-index I --num-tasks {num_tasks}), or "
-            f"remove the store to start over (lightning-tune-data cache clean --cache-dir {self.root.url} --store {files.name})."
+            f"remove the store to start over (lightning-tune-data cache clean --cache-dir {self.root.url} "
+            f"--store {files.name})."
         )
 
     def not_built(self, where: Any) -> CacheMissingError:

@@ -100,7 +100,8 @@ def repair_source_store(manager: SourceManager, tokenizer: Tokenizer, cache_dir:
             written[done_marker_path(index, num_tasks)] = (len(manifest.done_marker()), None)
             for path in [p for p in bad if _task_of(p, num_tasks) == index]:
                 size, checksum = written.get(path, (None, None))
-                if size != recorded[path]["size"] or (checksum is not None and checksum != recorded[path][CHECKSUM_ALGORITHM]):
+                expected = recorded[path]
+                if size != expected["size"] or (checksum is not None and checksum != expected[CHECKSUM_ALGORITHM]):
                     raise StoreNotCommittedError(
                         f"{cache.description}: task {index} of {num_tasks} now writes other bytes for {path} than the "
                         f"commit of {files.url()} records: its source changed since the store was written, so it "

@@ -90,7 +90,8 @@ def _warn_other_partial_stores(root: StoreRoot, key: str, files: StoreFiles, inp
         warnings.warn(
             f"{description}: a partly written store of this source is at {other.url()}, but {what}, so this run "
             f"writes a new store at {files.url()}. If that is intended, remove the old one (lightning-tune-data "
-            f"cache clean --cache-dir {root.url} --store {other.name}); if not, restore the old configuration and rerun its tasks.",
+            f"cache clean --cache-dir {root.url} --store {other.name}); if not, restore the old configuration and "
+            f"rerun its tasks.",
             stacklevel=3,
         )
 

@@ -41,7 +41,8 @@ def test_a_finished_task_is_skipped_and_a_committed_store_left_alone(tmp_path: P
     source = manager(tmp_path)
     assert run_store_task(source, TOK, tmp_path / "c", 0, 2).startswith("written")
     assert run_store_task(source, TOK, tmp_path / "c", 0, 2) == "already done"
-    assert run_store_task(source, TOK, tmp_path / "c", 1, 2).endswith(f"store committed at {source.cache_dir_for(TOK, tmp_path / 'c')}")
+    committed = run_store_task(source, TOK, tmp_path / "c", 1, 2)
+    assert committed.endswith(f"store committed at {source.cache_dir_for(TOK, tmp_path / 'c')}")
     assert run_store_task(source, TOK, tmp_path / "c", 0, 2) == "store committed before"
 
 

@@ -140,6 +140,7 @@ def _datamodule(parquet: Path, cache_dir: str, packing: str | None, batch_size: 
     from lightning_tune_data import LocalDatasetManager, TextDataModule
 
     managers = {SOURCE: LocalDatasetManager(data_files=str(parquet), ds_type="parquet", preprocess_function=None)}
+    kwargs.setdefault("build_stores", "if_missing")  # the first run writes the S3 store from this process
     return TextDataModule({"train": managers}, max_seq_len=2048, batch_size=batch_size, num_workers=num_workers,
                           seed=SEED, cache_dir=cache_dir, packing=packing, shard_size=shard_size, **kwargs)
 

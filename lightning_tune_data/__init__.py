@@ -7,7 +7,7 @@ from lightning_tune_data.version import __version__
 
 from lightning_tune_data.collate import PackedCollator, PaddedCollator, shifted_labels
 from lightning_tune_data.datamodule.module import TextDataModule
-from lightning_tune_data.datamodule.store_tasks import finalize_stores, prepare_task
+from lightning_tune_data.datamodule.store_tasks import finalize_stores, prepare_task, repair_stores
 from lightning_tune_data.models.harness import Harness, MetricSpec
 from lightning_tune_data.managers import DatasetManager, LocalDatasetManager, UnconditionalGenerationDatasetManager
 from lightning_tune_data.metrics import DatasetMetricsCallback, MetricCollector, StandardMetricCollector
@@ -25,6 +25,7 @@ from lightning_tune_data.tokenizers import ByteTokenizer, TokenizerFileTokenizer
 __all__ = [
     "finalize_stores",
     "prepare_task",
+    "repair_stores",
     "ArrowSource",
     "ByteTokenizer",
     "DatasetManager",

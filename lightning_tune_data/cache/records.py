@@ -117,7 +117,8 @@ def rebuild_reason(cache_root: str | os.PathLike[str], inputs: Mapping[str, Any]
         return "no earlier build of this source"  # another source of the same name (e.g. train and val 'lm')
     size = human_size(tree_size(previous["path"]))
     return (f"{'; '.join(describe_changes(old_inputs, inputs))} since the build in {previous['path'].name} "
-            f"({size}, kept; 'lightning-tune-data cache clean' removes stale caches)")
+            f"({size}, kept; 'lightning-tune-data cache clean --cache-dir {cache_root} --store "
+            f"{previous['path'].name}' removes it)")
 
 
 def changed_data_file(parts: Mapping[str, Any], memo_dir: str | os.PathLike[str]) -> str | None:

@@ -9,12 +9,21 @@ data files' hash memo, which only make sense on one machine).
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-__all__ = ["DEFAULT_SHARD_BYTES", "StorageError", "StoreRoot", "default_local_cache_dir", "parse_size"]
+__all__ = ["BUILD_STORES", "DEFAULT_SHARD_BYTES", "BuildStores", "CacheBudgetError", "StorageError", "StoreRoot",
+           "default_local_cache_dir", "parse_size"]
+
+#: When ``prepare_data`` may build a missing store itself: ``"if_missing"`` (tokenize here),
+#: ``"never"`` (fail naming the store: ``lightning-tune-data prepare`` builds it), ``"auto"``
+#: (``"never"`` for a remote ``cache_dir``, where a mistyped URL would otherwise turn a training
+#: node into a tokenizer for hours, ``"if_missing"`` for a local one).
+BuildStores = Literal["auto", "never", "if_missing"]
+BUILD_STORES: tuple[str, ...] = BuildStores.__args__
 
 #: Shards are closed once they hold about this many bytes.
 DEFAULT_SHARD_BYTES = 256 << 20
@@ -25,6 +34,10 @@ T = TypeVar("T")
 
 class StorageError(OSError):
     """Remote storage cannot be reached or used; the message names the URL and the likely fix."""
+
+
+class CacheBudgetError(ValueError):
+    """A node's ``cache_budget`` cannot hold what reading a store needs; the message names the size needed."""
 
 
 def default_local_cache_dir() -> Path:
@@ -84,6 +97,7 @@ class StoreRoot:
             window is sized to its share).
         shuffle_window: Shards a budgeted store's shuffle mixes at a time (``None``: derived
             from the budget).
+        build_stores: Whether ``prepare_data`` builds a missing store (:data:`BuildStores`).
     """
 
     url: str
@@ -93,8 +107,11 @@ class StoreRoot:
     cache_budget: int | None = None
     shuffle_window: int | None = None
     budget_sharers: int = 1
+    build_stores: BuildStores = "auto"
 
     def __post_init__(self) -> None:
+        if self.build_stores not in BUILD_STORES:
+            raise ValueError(f"build_stores={self.build_stores!r} is not one of {', '.join(BUILD_STORES)}.")
         url = os.fspath(self.url)
         if url.startswith("file://"):
             url = url[len("file://"):]
@@ -107,7 +124,8 @@ class StoreRoot:
 
     @classmethod
     def configured(cls, url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None, local_dir: str | None,
-                   shard_size: int | str, cache_budget: int | str | None, shuffle_window: int | None) -> StoreRoot:
+                   shard_size: int | str, cache_budget: int | str | None, shuffle_window: int | None,
+                   build_stores: BuildStores = "auto") -> StoreRoot:
         """A root from a datamodule's options (sizes as bytes or ``"256MB"``-style text).
 
         Raises:
@@ -116,7 +134,8 @@ class StoreRoot:
         if shuffle_window is not None and shuffle_window < 1:
             raise ValueError(f"shuffle_window must be >= 1 shard, got {shuffle_window}.")
         budget = None if cache_budget is None else parse_size(cache_budget)
-        return cls(os.fspath(url), storage_options, local_dir, parse_size(shard_size), budget, shuffle_window)
+        return cls(os.fspath(url), storage_options, local_dir, parse_size(shard_size), budget, shuffle_window,
+                   build_stores)
 
     @classmethod
     def of(cls, root: str | os.PathLike[str] | StoreRoot, **options: Any) -> StoreRoot:
@@ -137,7 +156,7 @@ class StoreRoot:
             return self
         moved = StoreRoot(os.fspath(url), self.storage_options, shard_bytes=self.shard_bytes,
                           cache_budget=self.cache_budget, shuffle_window=self.shuffle_window,
-                          budget_sharers=self.budget_sharers)
+                          budget_sharers=self.budget_sharers, build_stores=self.build_stores)
         if moved.is_remote and self.is_remote:
             return replace(moved, local_dir=self.local_dir)
         return moved
@@ -154,6 +173,34 @@ class StoreRoot:
     def unbudgeted(self) -> StoreRoot:
         """This root with whole copies of its stores (evaluation sources are read whole)."""
         return replace(self, cache_budget=None, shuffle_window=None)
+
+    @property
+    def builds_missing_stores(self) -> bool:
+        """Whether ``prepare_data`` builds a store that is missing here (see :data:`BuildStores`)."""
+        return self.build_stores == "if_missing" or (self.build_stores == "auto" and not self.is_remote)
+
+    def check(self, writable: bool) -> None:
+        """Fail at once, before any tokenization, when a remote root cannot be used: its bucket
+        (or container) does not exist, or (``writable``) nothing can be written under it. A local
+        root is checked when it is written (a read-only one is named then).
+
+        Args:
+            writable: Also write (and remove) a small probe object under the root.
+
+        Raises:
+            StorageError: Naming the URL and the fix.
+        """
+        if not self.is_remote:
+            return
+        fs = self.filesystem()
+        bucket = self.join().split("/", 1)[0]
+        if not self.call(self.url, lambda: fs.exists(bucket)):
+            raise StorageError(f"cache_dir {self.url}: the bucket (or container) {bucket!r} does not exist; create it "
+                               f"first, or fix cache_dir (and storage_options, e.g. endpoint_url).")
+        if writable:
+            probe = self.join(f".write-check-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            self.call(self.url, lambda: fs.pipe_file(probe, b""))
+            self.call(self.url, lambda: fs.rm_file(probe))
 
     @property
     def is_remote(self) -> bool:

@@ -15,6 +15,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
+from lightning_tune_data.cache.checksums import READ_CHUNK_BYTES, file_checksum
 from lightning_tune_data.cache.fingerprints import json_default
 from lightning_tune_data.cache.root import StorageError, StoreRoot, _short_error
 
@@ -72,6 +75,46 @@ class StoreFiles:
             return int(self._call(relative, lambda: self.fs.size(self.path(relative))))
         except FileNotFoundError:
             return None
+
+    def modified(self, relative: str) -> float | None:
+        """When the file was last written (seconds since the epoch), ``None`` when it does not exist."""
+        if self.fs is None:
+            try:
+                return os.stat(self.path(relative)).st_mtime
+            except FileNotFoundError:
+                return None
+        try:
+            return self._call(relative, lambda: self.fs.modified(self.path(relative))).timestamp()
+        except (FileNotFoundError, NotImplementedError):
+            return None
+
+    def checksum(self, relative: str) -> str | None:
+        """The ``xxh3_128`` of the file's bytes as they are stored now (read whole, in chunks);
+        ``None`` when it does not exist."""
+        if self.fs is None:
+            try:
+                return file_checksum(self.path(relative))
+            except FileNotFoundError:
+                return None
+        digest = xxhash.xxh3_128()
+        self.fs.invalidate_cache(self.path(relative))  # what is stored now, not a remembered listing
+        try:
+            with self._call(relative, lambda: self.fs.open(self.path(relative), "rb")) as handle:
+                while chunk := handle.read(READ_CHUNK_BYTES):
+                    digest.update(chunk)
+        except FileNotFoundError:
+            return None
+        return digest.hexdigest()
+
+    def delete(self, relative: str) -> None:
+        """Delete one file (nothing when it does not exist)."""
+        try:
+            if self.fs is None:
+                os.unlink(self.path(relative))
+            else:
+                self._call(relative, lambda: self.fs.rm_file(self.path(relative)))
+        except FileNotFoundError:
+            pass
 
     def read_json(self, relative: str) -> Any:
         """The JSON content of a file; ``None`` when it is missing or not valid JSON."""

@@ -33,6 +33,7 @@ __all__ = [
     "TASK_FOLDER",
     "StoreNotCommittedError",
     "TaskManifest",
+    "check_task_parts",
     "commit_store",
     "describe_tasks",
     "done_marker_path",
@@ -42,6 +43,7 @@ __all__ = [
     "task_manifest_path",
     "task_name",
     "task_progress",
+    "unfinished_tasks",
     "write_task",
 ]
 
@@ -252,8 +254,8 @@ def commit_store(files: StoreFiles, num_tasks: int, fingerprint: str, metadata: 
     missing = [index for index, manifest in enumerate(manifests) if manifest is None]
     if missing:
         raise StoreNotCommittedError(
-            f"{description}: cannot commit the store at {files.url()}: {describe_tasks(missing, num_tasks)} "
-            f"of {num_tasks} have not finished (no valid done-marker, or a shard is missing). Run them "
+            f"{description}: cannot commit the store at {files.url()}: {unfinished_tasks(missing, num_tasks)} (no "
+            f"valid done-marker, or a shard is missing). Run {'it' if len(missing) == 1 else 'them'} "
             f"(lightning-tune-data prepare --task-index I --num-tasks {num_tasks}), then finalize again."
         )
     done = [manifest for manifest in manifests if manifest is not None]
@@ -263,6 +265,7 @@ def commit_store(files: StoreFiles, num_tasks: int, fingerprint: str, metadata: 
             f"{description}: the tasks wrote different columns {sorted(columns)}: the preprocess function "
             f"returns loss_mask for some rows only. Make it return the same columns for every row."
         )
+    check_task_parts(done, description, files.url())
     store = store_section(done)
     if store["rows"] == 0:
         raise StoreNotCommittedError(
@@ -272,6 +275,69 @@ def commit_store(files: StoreFiles, num_tasks: int, fingerprint: str, metadata: 
     content = marker_content(metadata, inputs, description, files_section(done), store)
     files.write_json(COMPLETE_MARKER, content)
     return content
+
+
+def _ranges_problem(spans: list[tuple[int, int, int]], total: int, what: str) -> str | None:
+    """What is wrong with ``(task, start, end)`` spans (in task order) as one cover of ``[0, total)``."""
+    position = 0
+    for index, start, end in spans:
+        if start != position:
+            kind = "overlaps the task before it" if start < position else "leaves a gap after the task before it"
+            return f"task {index} read {what} [{start}, {end}), which {kind} (that one ended at {position})"
+        position = end
+    if position != total:
+        return f"the tasks read {what} [0, {position}) of {total}"
+    return None
+
+
+def check_task_parts(manifests: list[TaskManifest], description: str, url: str) -> None:
+    """Check that the tasks of a store read one and the same source, each part exactly once.
+
+    Every task must have seen the same hub revision, and the tasks' parts must cover the source
+    exactly once: file runs ``[0, files)`` or row ranges ``[0, rows)`` of one and the same row
+    count (a source that changed between tasks, on other machines or at other times, would
+    otherwise lose or repeat rows silently).
+
+    Args:
+        manifests: Every task's manifest, in task order.
+        description: Names the source in the error.
+        url: The store, named in the error.
+
+    Raises:
+        StoreNotCommittedError: Naming the tasks that disagree and how to start over.
+    """
+    fix = (f"The source changed while its tasks ran. Pin it (load_kwargs: {{revision: <commit>}} for a hub "
+           f"dataset; leave the data files unchanged), remove the store at {url} and prepare it again.")
+    revisions: dict[str, list[int]] = {}
+    for manifest in manifests:
+        revisions.setdefault(str(manifest.inputs.get("revision")), []).append(manifest.task_index)
+    if len(revisions) > 1:
+        seen = "; ".join(f"{describe_tasks(tasks, len(manifests))}: {revision}" for revision, tasks in revisions.items())
+        raise StoreNotCommittedError(f"{description}: the tasks read different revisions of the source ({seen}). {fix}")
+    problem = None
+    if len(manifests) > 1 and all("rows" in m.inputs for m in manifests):
+        totals = sorted({int(m.inputs.get("of_rows", -1)) for m in manifests})
+        if len(totals) > 1:
+            problem = f"the tasks saw different row counts of the source ({', '.join(map(str, totals))})"
+        else:
+            spans = [(m.task_index, *map(int, m.inputs["rows"])) for m in manifests]
+            problem = _ranges_problem(spans, totals[0], "rows")
+    elif len(manifests) > 1 and all("file_range" in m.inputs for m in manifests):
+        totals = sorted({int(m.inputs.get("of_files", -1)) for m in manifests})
+        if len(totals) > 1:
+            problem = f"the tasks saw different numbers of data files ({', '.join(map(str, totals))})"
+        else:
+            spans = [(m.task_index, *map(int, m.inputs["file_range"])) for m in manifests]
+            problem = _ranges_problem(spans, totals[0], "files")
+    elif len(manifests) > 1:
+        problem = "some tasks split the source by whole files, others by rows"
+    if problem is not None:
+        raise StoreNotCommittedError(f"{description}: cannot commit the store at {url}: {problem}. {fix}")
+
+
+def unfinished_tasks(indices: list[int], num_tasks: int) -> str:
+    """``task 2 of 4 has not finished`` / ``tasks 1, 3 of 4 have not finished``, for messages."""
+    return f"{describe_tasks(indices, num_tasks)} of {num_tasks} {'has' if len(indices) == 1 else 'have'} not finished"
 
 
 def describe_tasks(indices: list[int], num_tasks: int) -> str:

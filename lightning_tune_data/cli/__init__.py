@@ -45,6 +45,10 @@ from lightning_tune_data.cli.error_lines import (
     error_line,
     verbose,
 )
+from lightning_tune_data.cache.mirror import StoreCorruptError
+from lightning_tune_data.cache.root import CacheBudgetError, StorageError
+from lightning_tune_data.cache.store import CacheReadOnlyError
+from lightning_tune_data.cache.tasks import StoreNotCommittedError
 from lightning_tune_data.cli.interrupts import InterruptCallback, install_interrupt_handling
 from lightning_tune_data.commands import COMMANDS, command_summaries, run_command
 from lightning_tune_data.datamodule.module import TextDataModule
@@ -56,7 +60,8 @@ __all__ = ["ConfigError", "TuneArgumentParser", "TuneDataCLI", "check_dataset_ma
 
 #: Errors of the user's data or config raised while a run prepares or reads its sources: printed as
 #: one line addressed by the source's config path (the traceback only with the verbose variable).
-DATA_ERRORS = (ConfigError, DataSourceError, PreprocessError, CacheMissingError)
+DATA_ERRORS = (ConfigError, DataSourceError, PreprocessError, CacheMissingError, StorageError, CacheBudgetError,
+               CacheReadOnlyError, StoreNotCommittedError, StoreCorruptError)
 DESCRIPTION = (
     "Train, evaluate and predict with LightningCLI over a mixture of text datasets "
     "(fit/validate/test/predict), and inspect the data (the other subcommands). Errors in a config "

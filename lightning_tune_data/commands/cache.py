@@ -39,7 +39,10 @@ from lightning_tune_data.cache.node_cache import NODE_CACHE_FOLDER
 from lightning_tune_data.cache.records import changed_data_file
 from lightning_tune_data.cache.sizes import human_size, tree_size
 from lightning_tune_data.cache.root import StoreRoot
-from lightning_tune_data.commands.cache_stores import clean_remote, list_remote, verify_root
+from lightning_tune_data.cache.store_files import StoreFiles
+from lightning_tune_data.cache.task_lease import STALE_AFTER_S, uncommitted_status
+from lightning_tune_data.cache.tasks import TASK_FOLDER
+from lightning_tune_data.commands.cache_stores import clean_remote, list_remote, store_details, verify_root
 from lightning_tune_data.version import __version__
 
 __all__ = ["CacheEntry", "main", "scan"]
@@ -55,12 +58,13 @@ class CacheEntry:
     built: float | None
     stale: str | None  # why it is stale; None when it is usable
     data: str = "-"  # what it was built from, e.g. "json data_files=['arithmetic_val.jsonl']"
+    status: str = "ok"  # what a usable entry is (e.g. "being written: task 2 running; ...")
 
     def row(self) -> list[str]:
         """The entry's cells in the ``cache list`` table: name, size, source, data, build time, status."""
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.built)) if self.built else "-"
         return [self.path.name, human_size(self.size), self.source, self.data, when,
-                f"stale: {self.stale}" if self.stale else "ok"]
+                f"stale: {self.stale}" if self.stale else self.status]
 
 
 def _built_from(description: str | None) -> str:
@@ -71,11 +75,15 @@ def _built_from(description: str | None) -> str:
     return match.group(1) if match else description
 
 
-def _describe(path: Path, root: Path) -> CacheEntry:
+def _describe(path: Path, root: Path, stale_after_s: float = STALE_AFTER_S) -> CacheEntry:
     size = tree_size(path)
     content = read_cache_metadata(path)
     if content is None:
         marker = path / COMPLETE_MARKER
+        if not marker.is_file() and (path / TASK_FOLDER).is_dir():  # written by prepare's tasks: alive?
+            status, dead = uncommitted_status(StoreFiles(StoreRoot(str(root)), path.name), stale_after_s)
+            return CacheEntry(path, size, path.name.rsplit("-", 1)[0], path.stat().st_mtime, status if dead else None,
+                              status=status)
         why = "written by another version of the package" if marker.is_file() else "unfinished build (no completion marker)"
         return CacheEntry(path, size, "?", path.stat().st_mtime, why)
     inputs = content.get("inputs") or {}
@@ -89,11 +97,13 @@ def _describe(path: Path, root: Path) -> CacheEntry:
     return CacheEntry(path, size, source, built, stale, _built_from(content.get("description")))
 
 
-def scan(root: str | os.PathLike[str]) -> list[CacheEntry]:
+def scan(root: str | os.PathLike[str], stale_after_s: float = STALE_AFTER_S) -> list[CacheEntry]:
     """Every cache, unfinished build and orphan lock file directly under ``root``.
 
     Args:
         root: The cache root (a missing one holds nothing).
+        stale_after_s: How long a store being written by tasks may show no sign of life before
+            it is stale.
     """
     root = Path(root)
     entries: list[CacheEntry] = []
@@ -115,7 +125,7 @@ def scan(root: str | os.PathLike[str]) -> list[CacheEntry]:
             entries.append(CacheEntry(path, tree_size(path), "?", path.stat().st_mtime,
                                       "leftover temporary folder of an interrupted build"))
         elif path.is_dir() and not path.name.startswith("."):
-            entries.append(_describe(path, root))
+            entries.append(_describe(path, root, stale_after_s))
         elif is_orphan_lock(path):
             entries.append(CacheEntry(path, 0, "?", path.stat().st_mtime, "lock file without a cache"))
     return entries
@@ -157,9 +167,16 @@ def _parser() -> argparse.ArgumentParser:
                        ("clean", "remove stale caches (or all with --all)"),
                        ("verify", "re-hash every file of every cache and compare with its recorded checksum")):
         sub = actions.add_parser(name, help=text)
-        sub.add_argument("--cache_dir", "--cache-dir", default=str(default_cache_dir()),
-                         help="the cache root (the data.cache_dir of your config; default: %(default)s)")
+        sub.add_argument("--config", default=None,
+                         help="a fit YAML config: its data.cache_dir and data.storage_options are the defaults")
+        sub.add_argument("--cache_dir", "--cache-dir", default=None,
+                         help=f"the cache root (the data.cache_dir of your config; default: {default_cache_dir()})")
         sub.add_argument("--source", default=None, help="only caches of this source name")
+        sub.add_argument("--store", default=None, help="only this store (its name as `cache list` prints it); "
+                                                       "`clean --store NAME` removes it whatever its state")
+        sub.add_argument("--stale-after", "--stale_after", type=float, default=STALE_AFTER_S / 3600,
+                         help="hours a store that is not committed may show no sign of life (a task's heartbeat, a "
+                              "finished task) before it is stale (default: %(default)g)")
         sub.add_argument("--storage-options", "--storage_options", type=json.loads, default=None,
                          help="JSON options of a remote cache root's filesystem (the data.storage_options "
                               "of your config), e.g. '{\"endpoint_url\": \"http://...\"}'")
@@ -169,6 +186,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _config_defaults(args: argparse.Namespace) -> None:
+    """Fill ``--cache-dir`` and ``--storage-options`` not given on the command line from the
+    ``data:`` section of ``--config``, else the default cache root."""
+    from lightning_tune_data.datamodule.module import default_cache_dir
+
+    data = {}
+    if args.config is not None:
+        import yaml
+
+        data = (yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}).get("data") or {}
+    if args.cache_dir is None:
+        args.cache_dir = str(data.get("cache_dir") or default_cache_dir())
+    if args.storage_options is None:
+        args.storage_options = data.get("storage_options")
+
+
 def main(argv: list[str]) -> int:
     """Run ``cache list`` or ``cache clean``; returns the exit code.
 
@@ -176,23 +209,35 @@ def main(argv: list[str]) -> int:
         argv: The arguments after ``cache`` (``list``/``clean`` and their options).
     """
     args = _parser().parse_args(argv)
+    _config_defaults(args)
     if args.action == "verify":
         return verify_root(args)
+    stale_after_s = args.stale_after * 3600
     if "://" in args.cache_dir and not args.cache_dir.startswith("file://"):
         remote = StoreRoot(args.cache_dir, args.storage_options)
         if args.action == "list":
-            return list_remote(remote, args.source)
-        return clean_remote(remote, args.source, args.all, args.dry_run)
+            return list_remote(remote, args.source, args.store, stale_after_s)
+        return clean_remote(remote, args.source, args.all, args.dry_run, args.store, stale_after_s)
     root = Path(args.cache_dir).expanduser()
-    entries = [e for e in scan(root) if args.source is None or e.source == args.source]
+    entries = [e for e in scan(root, stale_after_s) if (args.source is None or e.source == args.source)
+               and (args.store is None or e.path.name == args.store)]
+    if args.store is not None and not entries:
+        print(f"No store {args.store} in {root} (lightning-tune-data cache list shows the names).")
+        return 1
     if args.action == "list":
         if not entries:
             print(f"No caches in {root}.")
             return 0
-        print(_table([e.row() for e in entries]))
+        table = _table([e.row() for e in entries]).splitlines()
+        print(table[0])
+        for line, entry in zip(table[1:], entries):
+            print(line)
+            content = read_cache_metadata(entry.path) if entry.path.is_dir() and not entry.stale else None
+            if content:
+                print(store_details(content, str(entry.path)))
         print(f"\n{_summary(entries, root)}")
         return 0
-    doomed = entries if args.all else [e for e in entries if e.stale]
+    doomed = entries if args.all or args.store is not None else [e for e in entries if e.stale]
     verb = "Would remove" if args.dry_run else "Removed"
     for entry in doomed:
         if not args.dry_run:

@@ -18,15 +18,16 @@ from typing import Any
 
 import xxhash
 
+from lightning_tune_data.cache.cached_store import WINDOWS_KEPT
 from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM, READ_CHUNK_BYTES, verify_files
 from lightning_tune_data.cache.marker import COMPLETE_MARKER, marker_matches, read_cache_metadata
 from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.sizes import human_size
 from lightning_tune_data.cache.store_files import StoreFiles, store_folders
-from lightning_tune_data.cache.tasks import describe_tasks, task_progress
+from lightning_tune_data.cache.task_lease import STALE_AFTER_S, uncommitted_status
 from lightning_tune_data.version import __version__
 
-__all__ = ["RemoteStore", "list_remote", "clean_remote", "remote_stores", "verify_root"]
+__all__ = ["RemoteStore", "clean_remote", "list_remote", "remote_stores", "store_details", "verify_root"]
 
 
 @dataclass
@@ -38,23 +39,32 @@ class RemoteStore:
     size: int
     rows: int | None
     stale: str | None
+    status: str = "committed"
 
     def row(self) -> list[str]:
         """The store's cells: name, size, source, rows, status."""
         rows = f"{self.rows:,} rows" if self.rows is not None else "-"
         return [self.files.name, human_size(self.size), self.source, rows,
-                f"stale: {self.stale}" if self.stale else "committed"]
+                f"stale: {self.stale}" if self.stale else self.status]
 
 
-def remote_stores(root: StoreRoot, source: str | None = None) -> list[RemoteStore]:
-    """Every store folder under a remote root (only ``source``'s when given).
+def remote_stores(root: StoreRoot, source: str | None = None, store: str | None = None,
+                  stale_after_s: float = STALE_AFTER_S) -> list[RemoteStore]:
+    """Every store folder under a remote root (only ``source``'s, or the one named ``store``, when given).
+
+    A store that is not committed is stale only when its tasks showed no sign of life for
+    ``stale_after_s`` seconds (:mod:`lightning_tune_data.cache.task_lease`).
 
     Args:
         root: The remote cache root.
         source: A source name to keep.
+        store: A store's name, as ``cache list`` prints it.
+        stale_after_s: How long a store that is not committed may show no sign of life.
     """
     stores = []
     for name in store_folders(root):
+        if store is not None and name != store:
+            continue
         files = StoreFiles(root, name)
         content = files.read_json(COMPLETE_MARKER)
         inputs = (content or {}).get("inputs") or {}
@@ -62,41 +72,70 @@ def remote_stores(root: StoreRoot, source: str | None = None) -> list[RemoteStor
         if source is not None and label != source:
             continue
         size = int(root.call(files.url(), lambda: files.fs.du(files.path())))
+        status = "committed"
         if marker_matches(content):
             stale = None if content.get("package_version") == __version__ else (
                 f"built by version {content.get('package_version')}, this is {__version__}")
             rows = (content.get("store") or {}).get("rows")
         else:
-            progress = task_progress(files)
-            num_tasks, done = max(progress.items(), key=lambda item: len(item[1])) if progress else (0, set())
-            missing = [i for i in range(num_tasks) if i not in done]
-            stale = (f"not committed: {describe_tasks(missing, num_tasks)} of {num_tasks} unfinished" if missing
-                     else "not committed" if num_tasks else "no store in it")
-            rows = None
-        stores.append(RemoteStore(files, label, size, rows, stale))
+            status, dead = uncommitted_status(files, stale_after_s)
+            stale, rows = (status if dead else None), None
+        stores.append(RemoteStore(files, label, size, rows, stale, status))
     return stores
 
 
-def list_remote(root: StoreRoot, source: str | None) -> int:
+def store_details(content: dict[str, Any] | None, url: str) -> str:
+    """The second ``cache list`` line of a committed store: its URL (what a training job's
+    ``cache_dir`` points at), shards, largest shard, tokenizer, and the ``cache_budget`` it needs.
+
+    Args:
+        content: The store's commit (``None``: only the URL).
+        url: Where the store is.
+    """
+    if not content:
+        return f"    {url}"
+    files = content.get("files") or {}
+    sizes = [int(files[shard["path"]]["size"]) for shard in (content.get("store") or {}).get("shards") or []
+             if shard.get("path") in files]
+    tokenizer = ((content.get("inputs") or {}).get("parts") or {}).get("tokenizer") or "?"
+    if not sizes:
+        return f"    {url}  tokenizer {tokenizer}"
+    largest, total = max(sizes), sum(sizes)
+    return (f"    {url}  {len(sizes)} shards, largest {human_size(largest)}, tokenizer {tokenizer}; cache_budget: "
+            f"{human_size(total)} copies it whole, at least {human_size(WINDOWS_KEPT * largest)} reads it shard by shard")
+
+
+def list_remote(root: StoreRoot, source: str | None, store: str | None = None,
+                stale_after_s: float = STALE_AFTER_S) -> int:
     """Print the stores under a remote root; returns 0."""
-    stores = remote_stores(root, source)
+    stores = remote_stores(root, source, store, stale_after_s)
     if not stores:
         print(f"No stores in {root.url}.")
         return 0
     header = ["STORE", "SIZE", "SOURCE", "ROWS", "STATUS"]
     rows = [header, *[s.row() for s in stores]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    print("\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows))
+    lines = ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
+    print(lines[0])
+    for line, found in zip(lines[1:], stores):
+        print(line)
+        committed = found.files.read_json(COMPLETE_MARKER) if found.status == "committed" else None
+        print(store_details(committed, found.files.url()))
     stale = [s for s in stores if s.stale]
     hint = f": 'lightning-tune-data cache clean --cache-dir {root.url}' removes them" if stale else ""
     print(f"\n{len(stores)} stores, {human_size(sum(s.size for s in stores))} in {root.url}; {len(stale)} stale{hint}.")
     return 0
 
 
-def clean_remote(root: StoreRoot, source: str | None, everything: bool, dry_run: bool) -> int:
-    """Remove the stale (or, with ``everything``, all) stores under a remote root; returns 0."""
-    stores = remote_stores(root, source)
-    doomed = stores if everything else [s for s in stores if s.stale]
+def clean_remote(root: StoreRoot, source: str | None, everything: bool, dry_run: bool, store: str | None = None,
+                 stale_after_s: float = STALE_AFTER_S) -> int:
+    """Remove the stale (``everything``: all; ``store``: that one, whatever its state) stores under
+    a remote root; returns 0, or 1 when ``store`` names no store."""
+    stores = remote_stores(root, source, store, stale_after_s)
+    if store is not None and not stores:
+        print(f"No store {store} in {root.url} (lightning-tune-data cache list shows the names).")
+        return 1
+    doomed = stores if everything or store is not None else [s for s in stores if s.stale]
     verb = "Would remove" if dry_run else "Removed"
     for store in doomed:
         if not dry_run:
@@ -137,7 +176,8 @@ def verify_root(args: argparse.Namespace) -> int:
     root = StoreRoot(args.cache_dir, args.storage_options)
     checked, bad = 0, 0
     if root.is_remote:
-        targets = [(s.files.url(), s.files) for s in remote_stores(root, args.source) if s.stale is None]
+        targets = [(s.files.url(), s.files) for s in remote_stores(root, args.source, getattr(args, "store", None))
+                   if s.stale is None and s.status == "committed"]
     else:
         folder = root.local_path().expanduser()
         targets = [(str(p), p) for p in sorted(folder.iterdir()) if p.is_dir() and read_cache_metadata(p)] \

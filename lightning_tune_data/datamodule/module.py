@@ -30,7 +30,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 
 from lightning_tune_data.cache.checksums import VerifyMode
-from lightning_tune_data.cache.root import StoreRoot, default_local_cache_dir
+from lightning_tune_data.cache.root import BuildStores, StoreRoot, default_local_cache_dir
 from lightning_tune_data.collate import PackedCollator, PaddedCollator
 from lightning_tune_data.datamodule.eval_loaders import eval_loaders
 from lightning_tune_data.datamodule.manager_data import (
@@ -103,6 +103,8 @@ class TextDataModule(LightningDataModule):
         cache_budget: most bytes of each remote train store kept on this node (``"50GB"``): a larger
             store is read shard by shard, fetched ahead of need (``None``: copied whole).
         shuffle_window: shards a budgeted store's shuffle mixes at once (default: budget's / 4).
+        build_stores: ``prepare_data`` tokenizes a missing store (``"if_missing"``) or fails naming it
+            (``"never"``); ``"auto"``: never for a remote ``cache_dir``, if_missing for a local one.
     """
 
     def __init__(
@@ -135,6 +137,7 @@ class TextDataModule(LightningDataModule):
         shard_size: int | str = "256MB",
         cache_budget: int | str | None = None,
         shuffle_window: int | None = None,
+        build_stores: BuildStores = "auto",
     ) -> None:
         super().__init__()
         self.prepare_data_per_node = prepare_data_per_node
@@ -145,7 +148,7 @@ class TextDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.seed = seed
         self.store_root = StoreRoot.configured(cache_dir or default_cache_dir(), storage_options, local_cache_dir,
-                                               shard_size, cache_budget, shuffle_window)
+                                               shard_size, cache_budget, shuffle_window, build_stores)
         self.cache_dir = self.store_root.url if self.store_root.is_remote else self.store_root.local_path()
         self.cache_verify = cache_verify
         self.packing = packing

@@ -16,12 +16,14 @@ from collections.abc import Iterator, Mapping
 
 from typing import Any
 
+from lightning_tune_data.cache.tasks import StoreNotCommittedError
 from lightning_tune_data.datamodule.module import TextDataModule
 from lightning_tune_data.datamodule.splits import SPLITS
 from lightning_tune_data.managers import UnconditionalGenerationDatasetManager
+from lightning_tune_data.managers.store_repair import repair_source_store
 from lightning_tune_data.managers.store_task import finalize_source_store, run_store_task
 
-__all__ = ["finalize_stores", "prepare_task", "stored_sources"]
+__all__ = ["finalize_stores", "prepare_task", "repair_stores", "stored_sources"]
 
 log = logging.getLogger("lightning_tune_data.managers")
 ConfigLike = str | os.PathLike[str] | Mapping[str, Any] | TextDataModule
@@ -32,6 +34,8 @@ def _datamodule(config: ConfigLike, cache_dir: str | None) -> TextDataModule:
         return config
     from lightning_tune_data.report.batches import datamodule_from_config
 
+    if isinstance(config, Mapping) and "data" not in config and "dataset_managers" in config:
+        config = {"data": config}  # the data: section alone, as the docstrings promise
     return datamodule_from_config(config, cache_dir=cache_dir)
 
 
@@ -62,12 +66,34 @@ def prepare_task(config: ConfigLike, task_index: int, num_tasks: int, cache_dir:
         ``{"<split>/<name>": what happened}`` per source.
     """
     datamodule = _datamodule(config, cache_dir)
+    sources = [(label, manager, datamodule.store_root.with_url(manager.options.cache_dir))
+               for label, manager in stored_sources(datamodule)]
+    for url, root in {root.url: root for _, _, root in sources}.items():
+        root.check(writable=True)  # a mistyped bucket or missing credentials fail before any tokenization
     results: dict[str, str] = {}
-    for label, manager in stored_sources(datamodule):
-        root = datamodule.store_root.with_url(manager.options.cache_dir)
+    for label, manager, root in sources:
         results[label] = run_store_task(manager, datamodule.tokenizer, root, task_index, num_tasks)
         log.info("%s: task %d of %d: %s", manager.source_description, task_index, num_tasks, results[label])
     return results
+
+
+def repair_stores(config: ConfigLike, cache_dir: str | None = None) -> dict[str, str]:
+    """Verify every file of every committed store of ``config``; redo only the tasks whose files fail.
+
+    Args:
+        config: As for :func:`prepare_task`.
+        cache_dir: Overrides the config's ``data.cache_dir``.
+
+    Returns:
+        ``{"<split>/<name>": "intact (...)" | "repaired: ..."}``.
+
+    Raises:
+        StoreNotCommittedError: A store is not committed, or cannot be repaired (named, with the fix).
+    """
+    datamodule = _datamodule(config, cache_dir)
+    return {label: repair_source_store(manager, datamodule.tokenizer,
+                                       datamodule.store_root.with_url(manager.options.cache_dir))
+            for label, manager in stored_sources(datamodule)}
 
 
 def finalize_stores(config: ConfigLike, cache_dir: str | None = None) -> dict[str, str]:
@@ -81,11 +107,21 @@ def finalize_stores(config: ConfigLike, cache_dir: str | None = None) -> dict[st
         ``{"<split>/<name>": "committed" | "committed before"}``.
 
     Raises:
-        StoreNotCommittedError: A source's store has unfinished tasks (named) or none at all.
+        StoreNotCommittedError: Stores have unfinished tasks or none at all (every one of them named).
     """
     datamodule = _datamodule(config, cache_dir)
-    return {label: finalize_source_store(manager, datamodule.tokenizer,
-                                         datamodule.store_root.with_url(manager.options.cache_dir))
-            for label, manager in stored_sources(datamodule)}
+    results: dict[str, str] = {}
+    unfinished: list[str] = []
+    for label, manager in stored_sources(datamodule):
+        try:
+            results[label] = finalize_source_store(manager, datamodule.tokenizer,
+                                                   datamodule.store_root.with_url(manager.options.cache_dir))
+        except StoreNotCommittedError as error:
+            unfinished.append(str(error))
+    if unfinished:  # every unfinished store named, not only the first
+        count = len(unfinished)
+        raise StoreNotCommittedError(f"{count} store{'s are' if count != 1 else ' is'} not committed: "
+                                     + " | ".join(unfinished))
+    return results
 
 

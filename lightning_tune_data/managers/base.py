@@ -163,10 +163,15 @@ class SourceManager(ABC):
         """The data files that are local paths (remote URLs and hub files are left out)."""
 
     @abstractmethod
-    def _load(self, cache_dir: str | Path, streaming: bool,
-              data_files: list[str] | None = None) -> datasets.Dataset | datasets.IterableDataset:
+    def _load(self, cache_dir: str | Path, streaming: bool, data_files: list[str] | None = None,
+              revision: str | None = None) -> datasets.Dataset | datasets.IterableDataset:
         """Load the raw source (``streaming``: as a ``datasets.IterableDataset``; ``data_files``:
-        only these of its files)."""
+        only these of its files; ``revision``: this hub commit)."""
+
+    def hub_repository(self) -> str | None:
+        """The hub dataset (``owner/dataset``) this source reads, whose commit the tasks of a
+        store pin; ``None`` for local data."""
+        return None
 
     def input_files(self) -> InputFiles:
         """The source's local data files, for checks and error messages."""
@@ -180,23 +185,30 @@ class SourceManager(ABC):
         """The data files a multi-task build may split by (whole files per task), or ``None``."""
         return None
 
-    def load_task(self, cache_dir: str | Path | StoreRoot, task_index: int, num_tasks: int) -> tuple[Any, dict[str, Any]]:
+    def load_task(self, cache_dir: str | Path | StoreRoot, task_index: int, num_tasks: int,
+                  revision: str | None = None) -> tuple[Any, dict[str, Any]]:
         """Load task ``task_index`` of ``num_tasks``'s part of the raw source (see
         :mod:`lightning_tune_data.managers.task_inputs`).
 
         Args:
-            cache_dir: The cache root (``datasets``' conversions live in its node-local folder).
+            cache_dir: The cache root, or a local folder (``datasets``' conversions of local data
+                files go into its node-local folder; a task passes its work folder, removed when
+                it is written).
             task_index, num_tasks: The task.
+            revision: The hub commit to read (recorded in the part), ``None``: as configured.
 
         Returns:
             ``(the part's rows, a description of the part)``.
         """
         local_dir = StoreRoot.of(cache_dir).local_dir
-        return task_part(self._task_files(), task_index, num_tasks,
-                         lambda files: self._load(local_dir, streaming=False, data_files=files))
+        rows, part = task_part(self._task_files(), task_index, num_tasks,
+                               lambda files: self._load(local_dir, streaming=False, data_files=files,
+                                                        revision=revision))
+        return rows, (dict(part, revision=revision) if revision is not None else part)
 
     def store_task(
-        self, tokenizer: Tokenizer, cache_dir: str | Path | StoreRoot, task_index: int = 0, num_tasks: int = 1
+        self, tokenizer: Tokenizer, cache_dir: str | Path | StoreRoot, task_index: int = 0, num_tasks: int = 1,
+        revision: str | None = None,
     ) -> tuple[SourceCache, CacheBuild, dict[str, Any]]:
         """The store of this source, the build of one task of it, and what the store is built from.
 
@@ -204,13 +216,15 @@ class SourceManager(ABC):
             tokenizer: Tokenizer passed to the preprocess function (and keyed into the store).
             cache_dir: The cache root.
             task_index, num_tasks: The task.
+            revision: The hub commit the task reads (``None``: as configured).
         """
         root = StoreRoot.of(cache_dir)
         parts = self.fingerprint_parts(tokenizer, root.local_dir)
         cache = self._cache(root, fingerprint_of(parts))
         inputs = {"source_key": cache.key, "source_name": self.source_name,
                   "package_version": __version__, "parts": parts}
-        build = CacheBuild(lambda: self.load_task(root, task_index, num_tasks), self.preprocessing(),
+        build = CacheBuild(lambda work_dir: self.load_task(work_dir, task_index, num_tasks, revision),
+                           self.preprocessing(),
                            self.input_files, tokenizer, cache.fingerprint, task_index, num_tasks, root.shard_bytes,
                            inputs)
         return cache, build, inputs

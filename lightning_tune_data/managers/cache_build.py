@@ -82,8 +82,10 @@ class CacheBuild:
     With one task (``prepare_data``), the part is the whole source.
 
     Args:
-        load: Loads the task's part of the raw dataset (not streaming); returns it and a
-            description of the part (recorded in the task manifest).
+        load: Loads the task's part of the raw dataset (not streaming), keeping ``datasets``'
+            intermediate files (Arrow conversions of local data files) under the folder it is given,
+            which is removed when the task is written; returns the rows and a description of the
+            part (recorded in the task manifest).
         preprocessing: The source's preprocessing.
         input_files: Lists the source's local files when the build runs (empty ones are warned
             about; they name problems in the data).
@@ -96,7 +98,7 @@ class CacheBuild:
 
     def __init__(
         self,
-        load: Callable[[], tuple[datasets.Dataset, dict[str, Any]]],
+        load: Callable[[Path], tuple[datasets.Dataset, dict[str, Any]]],
         preprocessing: Preprocessing,
         input_files: Callable[[], InputFiles],
         tokenizer: Tokenizer,
@@ -127,9 +129,9 @@ class CacheBuild:
         input_files = self.input_files()
         if self.task_index == 0:
             input_files.warn_empty(description)
+        work_dir = temp_dir / "_work"  # removed when the task is written, with datasets' conversions in it
         with progress_bars_off():  # one bar per source: the tokenization's
-            dataset, part = self.load()
-        work_dir = temp_dir / "_work"
+            dataset, part = self.load(work_dir)
         processed, skipped_rows = self.preprocessing.tokenize(
             dataset, self.tokenizer, work_dir, self.fingerprint, input_files
         )

@@ -200,9 +200,17 @@ class DatasetManager(SourceManager):
             return str(Path(cache_dir) / DOWNLOAD_FOLDER)
         return None
 
-    def _load(self, cache_dir: str | Path, streaming: bool,
-              data_files: list[str] | None = None) -> datasets.Dataset | datasets.IterableDataset:
+    def hub_repository(self) -> str | None:
+        """``path`` when it names a hub dataset (not a builder such as ``"json"``, not a local folder)."""
+        if self.path is None or self.path in LOCAL_BUILDERS or os.path.isdir(self.path) or "://" in self.path:
+            return None
+        return self.path
+
+    def _load(self, cache_dir: str | Path, streaming: bool, data_files: list[str] | None = None,
+              revision: str | None = None) -> datasets.Dataset | datasets.IterableDataset:
         kwargs: dict[str, Any] = dict(self.options.load_kwargs)
+        if revision is not None:
+            kwargs["revision"] = revision
         kwargs.setdefault("cache_dir", self._download_cache_dir(cache_dir))
         if data_files is not None:
             kwargs["data_files"] = {self.split: list(data_files)}

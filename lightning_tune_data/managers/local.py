@@ -236,8 +236,9 @@ class LocalDatasetManager(DatasetManager):
     def _task_files(self) -> list[str] | None:
         return list(self.data_files)
 
-    def _load(self, cache_dir: str | Path, streaming: bool, data_files: list[str] | None = None) -> Any:
-        dataset = super()._load(cache_dir, streaming, data_files)
+    def _load(self, cache_dir: str | Path, streaming: bool, data_files: list[str] | None = None,
+              revision: str | None = None) -> Any:
+        dataset = super()._load(cache_dir, streaming, data_files, revision)
         if self.skip_blank_lines:
             dataset = dataset.filter(lambda row: bool(row["text"].strip()))
         return dataset

@@ -25,7 +25,7 @@ from lightning_tune_data.cache.marker import COMPLETE_MARKER, is_valid_cache, ma
 from lightning_tune_data.cache.mirror import download_store, upload_store
 from lightning_tune_data.cache.node_cache import NODE_CACHE_FOLDER
 from lightning_tune_data.cache.records import rebuild_reason
-from lightning_tune_data.cache.root import StoreRoot
+from lightning_tune_data.cache.root import CacheBudgetError, StoreRoot
 from lightning_tune_data.cache.store import build_cache_atomically
 from lightning_tune_data.cache.store_files import StoreFiles
 from lightning_tune_data.cache.store_reader import open_store
@@ -33,11 +33,11 @@ from lightning_tune_data.cache.tasks import (
     StoreNotCommittedError,
     TaskManifest,
     commit_store,
-    describe_tasks,
     files_section,
     store_section,
     task_manifest_path,
     task_progress,
+    unfinished_tasks,
 )
 from lightning_tune_data.managers.errors import CacheMissingError
 
@@ -111,9 +111,19 @@ class SourceCache:
         missing = [index for index in range(num_tasks) if index not in done]
         raise StoreNotCommittedError(
             f"{self.description}: the store at {files.url()} is not committed: "
-            f"{describe_tasks(missing, num_tasks)} of {num_tasks} have not finished. Run them "
+            f"{unfinished_tasks(missing, num_tasks)}. Run {'it' if len(missing) == 1 else 'them'} "
             f"(lightning-tune-data prepare --config <config> --task-index I --num-tasks {num_tasks}), or "
-            f"remove the store to start over (lightning-tune-data cache clean --cache-dir {self.root.url} --all)."
+            f"remove the store to start over (lightning-tune-data cache clean --cache-dir {self.root.url} "
+            f"--store {files.name})."
+        )
+
+    def not_built(self, where: Any) -> CacheMissingError:
+        """The one-line error of a store missing where ``build_stores`` says not to build it."""
+        policy = self.root.build_stores + (" (a remote cache_dir)" if self.root.build_stores == "auto" else "")
+        return CacheMissingError(
+            f"{self.description}: no committed store at {where}, and build_stores={policy} does not build it here. "
+            f"Run lightning-tune-data prepare --config <config> with this cache_dir first (or set "
+            f"build_stores: if_missing to tokenize on this node); if the store should exist, check cache_dir."
         )
 
     def build(self, fill: Callable[[Path], Any], inputs: Mapping[str, Any], verify_mode: VerifyMode) -> Path:
@@ -132,6 +142,8 @@ class SourceCache:
         final_dir = self.folder()
         if not is_valid_cache(final_dir, self.metadata) and (final_dir / "tasks").is_dir():
             self.finish_tasks(StoreFiles(self.root, final_dir.name), inputs)
+        if not self.root.builds_missing_stores and not is_valid_cache(final_dir, self.metadata):
+            raise self.not_built(final_dir)
         return build_cache_atomically(
             final_dir, fill, self.metadata, verify=_opens if verify_mode == "size" else None,
             verify_mode=verify_mode, inputs=inputs, description=self.description,
@@ -147,6 +159,9 @@ class SourceCache:
             if budgeted is not None:  # read shard by shard in training: nothing to copy now
                 return budgeted.cache.folder
             return download_store(files, content, self.folder(), self.description, verify_mode)
+        self.root.check(writable=self.root.builds_missing_stores)  # a mistyped bucket fails before any work
+        if not self.root.builds_missing_stores:
+            raise self.not_built(files.url())
         local = build_cache_atomically(
             self.folder(), fill, self.metadata, verify=_opens if verify_mode == "size" else None,
             verify_mode=verify_mode, inputs=inputs, description=self.description,
@@ -162,7 +177,7 @@ class SourceCache:
         share); ``None`` when it is copied whole.
 
         Raises:
-            ValueError: The budget cannot hold a shuffle window and the next one; or
+            CacheBudgetError: The budget cannot hold a shuffle window and the next one; or
                 ``local_cache_dir`` is on a network filesystem, or its disk has less room than
                 the budget.
         """
@@ -172,10 +187,14 @@ class SourceCache:
         sizes = [int((content.get("files") or {})[shard["path"]]["size"]) for shard in content["store"]["shards"]]
         if sum(sizes) <= share:
             return None
-        window = shuffle_window_for(sizes, share, self.root.shuffle_window, self.description, self.root.budget_sharers)
-        store = CachedStore(files, content, self.root.local_dir / NODE_CACHE_FOLDER, budget, window, self.description,
-                            share=share)
-        check_shard_cache_disk(store.cache.node_folder, budget, store.cache.node_usage(), self.description)
+        try:
+            window = shuffle_window_for(sizes, share, self.root.shuffle_window, self.description,
+                                        self.root.budget_sharers)
+            store = CachedStore(files, content, self.root.local_dir / NODE_CACHE_FOLDER, budget, window,
+                                self.description, share=share)
+            check_shard_cache_disk(store.cache.node_folder, budget, store.cache.node_usage(), self.description)
+        except ValueError as error:
+            raise CacheBudgetError(str(error)) from None
         return store
 
     def local_store(self, inputs: Mapping[str, Any] | None = None) -> Path:
@@ -202,6 +221,14 @@ class SourceCache:
                 f"preprocessing, data files or package version differ from when they were built."
                 if others else ""
             )
+            read = [entry.get("path") for entry in
+                    ((((inputs or {}).get("parts") or {}).get("source") or {}).get("data_file_identities") or [])
+                    if isinstance(entry, dict) and entry.get("path")]
+            if read:
+                shown = ", ".join(read[:3]) + (f", ... ({len(read)} files)" if len(read) > 3 else "")
+                hint += (f" Local data files are keyed by their resolved path and their content: this configuration "
+                         f"reads {shown}; the same files reached through another path (a copy, a hard link, another "
+                         f"mount point) make another store.")
             raise CacheMissingError(
                 f"{self.description}: no valid preprocessed cache at {files.url()}. Run "
                 f"prepare_data first (TextDataModule.prepare_data / the Trainer does this on local "

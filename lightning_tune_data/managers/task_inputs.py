@@ -47,7 +47,12 @@ def file_runs(sizes: Sequence[int], num_tasks: int) -> list[tuple[int, int]]:
     bounds = [0]
     for task in range(1, num_tasks):
         target = total * task / num_tasks
-        cut = bisect.bisect_left(cumulative, target) + 1  # files [0, cut) hold at least the target
+        above = bisect.bisect_left(cumulative, target) + 1  # files [0, above) hold at least the target
+        below = above - 1  # files [0, below) hold less
+        # the cut whose bytes are nearest the target (not the first at or above it: files of about
+        # equal size would otherwise give the first task one file too many, the last one too few)
+        cut = below if below > 0 and target - cumulative[below - 1] < cumulative[min(above, len(sizes)) - 1] - target \
+            else above
         cut = max(cut, bounds[-1] + 1)  # every run has a file
         cut = min(cut, len(sizes) - (num_tasks - task))  # and leaves one for every later run
         bounds.append(cut)
@@ -82,7 +87,8 @@ def task_part(
     if files is not None and len(files) >= num_tasks:
         first, end = file_runs([os.path.getsize(f) for f in files], num_tasks)[task_index]
         chosen = list(files[first:end])
-        return load_files(chosen), {"files": [os.path.basename(f) for f in chosen], "file_range": [first, end]}
+        return load_files(chosen), {"files": [os.path.basename(f) for f in chosen], "file_range": [first, end],
+                                     "of_files": len(files)}
     dataset = load_files(None)
     start, end = row_range(len(dataset), task_index, num_tasks)
     return dataset.select(range(start, end)), {"rows": [start, end], "of_rows": len(dataset)}

@@ -29,12 +29,13 @@ METADATA = {"fingerprint": FINGERPRINT, "manager": "LocalDatasetManager"}
 
 
 def task(files: StoreFiles, index: int, count: int, rows: list[list[int]], columns: tuple = ("input_ids",),
-         marker: bool = True) -> TaskManifest:
-    """Write task ``index`` of ``count`` into the store; ``marker=False``: as if killed before its done-marker."""
+         marker: bool = True, part: dict | None = None) -> TaskManifest:
+    """Write task ``index`` of ``count`` into the store; ``marker=False``: as if killed before its done-marker;
+    ``part``: what the task read (default: row ``index`` of ``count`` rows)."""
     table = pa.table({"input_ids": pa.array(rows, type=pa.list_(pa.int32()))})
     if "loss_mask" in columns:
         table = table.append_column("loss_mask", pa.array([[True] * len(r) for r in rows], pa.list_(pa.bool_())))
-    manifest = write_task(Path(files.path()), table, FINGERPRINT, index, count, {"rows": [index, index + 1]},
+    manifest = write_task(Path(files.path()), table, FINGERPRINT, index, count, part or {"rows": [index, index + 1], "of_rows": count},
                           len(rows), 0, 1 << 20)
     if not marker:
         (Path(files.path()) / done_marker_path(index, count)).unlink()
@@ -70,7 +71,7 @@ def test_progress_lists_done_tasks_per_task_count(files: StoreFiles) -> None:
 def test_the_commit_lists_every_shard_in_task_order_and_is_written_last(files: StoreFiles) -> None:
     task(files, 1, 2, [[3], [4, 5]])
     with pytest.raises(StoreNotCommittedError, match=r"source 'notes': cannot commit the store at .*notes-eeee: "
-                                                     r"task 0 of 2 have not finished"):
+                                                     r"task 0 of 2 has not finished"):
         commit_store(files, 2, FINGERPRINT, METADATA, {}, "source 'notes'")
     assert not files.exists(COMPLETE_MARKER)
     task(files, 0, 2, [[1, 2]])
@@ -94,6 +95,30 @@ def test_tasks_that_disagree_on_columns_or_hold_no_rows_are_not_committed(files:
     task(empty, 0, 1, [])
     with pytest.raises(StoreNotCommittedError, match=r"no rows left after preprocessing \(0 rows read"):
         commit_store(empty, 1, FINGERPRINT, METADATA, {}, "source 'notes'")
+
+
+@pytest.mark.parametrize(("parts", "problem"), [
+    ([{"rows": [0, 5], "of_rows": 10}, {"rows": [5, 11], "of_rows": 11}], r"different row counts of the source \(10, 11\)"),
+    ([{"rows": [0, 5], "of_rows": 10}, {"rows": [4, 10], "of_rows": 10}], r"task 1 read rows \[4, 10\), which overlaps"),
+    ([{"rows": [0, 4], "of_rows": 10}, {"rows": [5, 10], "of_rows": 10}], r"task 1 read rows \[5, 10\), which leaves a gap"),
+    ([{"file_range": [0, 2], "of_files": 4}, {"file_range": [2, 3], "of_files": 4}], r"the tasks read files \[0, 3\) of 4"),
+    ([{"file_range": [0, 2], "of_files": 4}, {"rows": [5, 10], "of_rows": 10}], r"others by rows"),
+    ([{"rows": [0, 5], "of_rows": 10, "revision": "aaa"}, {"rows": [5, 10], "of_rows": 10, "revision": "bbb"}],
+     r"different revisions of the source \(task 0: aaa; task 1: bbb\)"),
+])
+def test_tasks_that_saw_another_source_or_miss_or_repeat_rows_are_not_committed(
+        files: StoreFiles, parts: list[dict], problem: str) -> None:
+    for index, part in enumerate(parts):
+        task(files, index, 2, [[index + 1]], part=part)
+    with pytest.raises(StoreNotCommittedError, match=problem + r".*remove the store at .*notes-eeee and prepare it again"):
+        commit_store(files, 2, FINGERPRINT, METADATA, {}, "source 'notes'")
+    assert not files.exists(COMPLETE_MARKER)
+
+
+def test_tasks_that_cover_every_row_once_from_one_revision_are_committed(files: StoreFiles) -> None:
+    task(files, 0, 2, [[1]], part={"rows": [0, 5], "of_rows": 10, "revision": "aaa"})
+    task(files, 1, 2, [[2]], part={"rows": [5, 10], "of_rows": 10, "revision": "aaa"})
+    assert commit_store(files, 2, FINGERPRINT, METADATA, {}, "source 'notes'")["store"]["rows"] == 2
 
 
 def test_task_lists_are_shortened_in_messages() -> None:

@@ -452,3 +452,24 @@ def test_a_later_config_replaces_the_dataset_managers_mapping(capsys):
     assert list(config["data"]["dataset_managers"]) == ["predict"]
     assert config["model"]["init_args"]["d_model"] == 64  # everything else is merged key by key
     assert (config["model"]["init_args"]["temperature"], config["model"]["init_args"]["top_k"]) == (0.8, 40)
+
+
+def test_fit_storage_errors_are_one_line_with_exit_2_like_prepare(tmp_path, capsys, s3):
+    from lightning_tune_data import prepare_task
+
+    config = small_config(tmp_path)
+    prepare_task(config["data"], 0, 2)  # a store whose task 1 never ran
+    code, err = run_main(["fit", "--config", str(write_config(tmp_path / "cfg" / "half.yaml", config))], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert lines[-1].startswith("lightning-tune-data: error: data.dataset_managers.train.a (LocalDatasetManager, ")
+    assert "task 1 of 2 has not finished. Run it" in lines[-1]
+
+    config["data"].update(cache_dir=f"s3://{s3.bucket}-missing/x", storage_options=s3.storage_options,
+                          build_stores="if_missing")
+    code, err = run_main(["fit", "--config", str(write_config(tmp_path / "cfg" / "bucket.yaml", config))], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert lines[-1] == (f"lightning-tune-data: error: cache_dir s3://{s3.bucket}-missing/x: the bucket (or container) "
+                         f"'{s3.bucket}-missing' does not exist; create it first, or fix cache_dir (and "
+                         f"storage_options, e.g. endpoint_url).")

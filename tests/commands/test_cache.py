@@ -37,6 +37,9 @@ def test_list_shows_size_source_and_which_caches_are_stale(tmp_path):
     write_jsonl(notes, make_texts(40, seed=1))
     prepare(notes, cache_dir)  # the two earlier notes caches now describe an old file
     (cache_dir / "half-built-0123456789abcdef").mkdir()  # an interrupted build (no marker)
+    assert not (cache_dir / "hf_datasets").exists()  # datasets' conversions go when each store is written
+    (cache_dir / "hf_datasets" / "json").mkdir(parents=True)  # as an earlier version left them
+    (cache_dir / "hf_datasets" / "json" / "data.arrow").write_bytes(b"x" * 10)
 
     output = cli("list", "--cache_dir", str(cache_dir)).stdout
     rows = {line.split()[0]: line for line in output.splitlines() if line.startswith(("notes-", "web-", "half-"))}
@@ -128,3 +131,46 @@ def test_a_node_shard_cache_is_listed_per_store_kept_by_clean_and_removed_by_cle
     assert shard.exists()
     cli("clean", "--cache_dir", str(node), "--all")
     assert not shard.exists() and scan(node) == []
+
+
+def test_clean_keeps_a_store_whose_tasks_are_alive_and_clean_store_removes_exactly_one(tmp_path):
+    from lightning_tune_data.managers.store_task import run_store_task
+
+    cache_dir = tmp_path / "cache"
+    prepare(write_jsonl(tmp_path / "web.jsonl", make_texts(20, seed=2)), cache_dir, name="web")
+    source = LocalDatasetManager(data_files=str(write_jsonl(tmp_path / "notes.jsonl", make_texts(30, seed=1))))
+    source.source_name = "notes"
+    run_store_task(source, ByteTokenizer(), cache_dir, 0, 3)  # tasks 1 and 2 still queued in a job array
+    [partial] = [p.name for p in cache_dir.glob("notes-*")]
+    listing = cli("list", "--cache_dir", str(cache_dir)).stdout
+    assert "not committed: tasks 1, 2 of 3 unfinished, last task activity" in listing and "nothing stale" in listing
+    [web] = [p.name for p in cache_dir.glob("web-*") if p.is_dir()]
+    details = listing.splitlines()[listing.splitlines().index(next(l for l in listing.splitlines() if l.startswith(web))) + 1]
+    assert details.startswith(f"    {cache_dir / web}  1 shards, largest ") and "tokenizer ByteTokenizer" in details
+    assert "copies it whole, at least" in details and "reads it shard by shard" in details
+    assert "Removed 0 of" in cli("clean", "--cache_dir", str(cache_dir)).stdout
+    assert (cache_dir / partial).is_dir()
+    assert "stale: not committed: tasks 1, 2 of 3 unfinished, no sign of life for" in cli(
+        "list", "--cache_dir", str(cache_dir), "--stale-after", "0").stdout
+
+    removed = cli("clean", "--cache_dir", str(cache_dir), "--store", partial).stdout
+    assert f"Removed {partial} (" in removed and "Removed 1 of 1 entries" in removed
+    assert not (cache_dir / partial).exists() and list(cache_dir.glob("web-*"))  # the other store untouched
+    missing = subprocess.run([sys.executable, "-m", "lightning_tune_data", "cache", "clean", "--cache_dir",
+                              str(cache_dir), "--store", partial], env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1 and f"No store {partial} in {cache_dir}" in missing.stdout
+
+
+def test_cache_commands_read_cache_dir_and_storage_options_from_a_config(tmp_path, capsys):
+    import yaml
+
+    cache_dir = tmp_path / "cache"
+    prepare(write_jsonl(tmp_path / "web.jsonl", make_texts(20, seed=2)), cache_dir, name="web")
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump({"data": {"cache_dir": str(cache_dir), "storage_options": None}}))
+    capsys.readouterr()
+    assert main(["list", "--config", str(config)]) == 0
+    assert f"in {cache_dir}; nothing stale." in capsys.readouterr().out
+    assert main(["list", "--config", str(config), "--cache-dir", str(tmp_path / "elsewhere")]) == 0
+    assert capsys.readouterr().out.strip() == f"No caches in {tmp_path / 'elsewhere'}."  # the flag wins

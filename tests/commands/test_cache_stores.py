@@ -44,7 +44,7 @@ def test_list_clean_and_verify_work_on_a_remote_root(tmp_path: Path, s3, capsys)
     def datamodule(name: str, seed: int) -> TextDataModule:
         source = LocalDatasetManager(data_files=str(write_jsonl(tmp_path / f"{name}.jsonl", make_texts(20, seed=seed))))
         return TextDataModule(dataset_managers={"train": {name: source}}, cache_dir=s3.url,
-                              storage_options=s3.storage_options, local_cache_dir=str(tmp_path / "node"))
+                              storage_options=s3.storage_options, local_cache_dir=str(tmp_path / "node"), build_stores="if_missing")
 
     datamodule("notes", 1).prepare_data()  # built here and uploaded
     partial = datamodule("draft", 2)
@@ -54,7 +54,10 @@ def test_list_clean_and_verify_work_on_a_remote_root(tmp_path: Path, s3, capsys)
     assert main(["list", *options]) == 0
     listing = capsys.readouterr().out
     assert "notes" in listing and "20 rows" in listing and "committed" in listing
-    assert "draft" in listing and "stale: not committed: task 1 of 2 unfinished" in listing
+    # task 0 finished a moment ago: the store is being written (task 1 may be queued), not stale
+    assert "draft" in listing and "not committed: task 1 of 2 unfinished, last task activity" in listing
+    assert "; 0 stale." in listing and "stale: not committed" not in listing
+    assert f"    {s3.url}/notes-" in listing and "1 shards, largest" in listing  # where a training job finds it
 
     assert main(["verify", *options]) == 0
     assert "Verified 1 stores" in capsys.readouterr().out
@@ -66,5 +69,7 @@ def test_list_clean_and_verify_work_on_a_remote_root(tmp_path: Path, s3, capsys)
     assert f"CORRUPT: s3://{s3.bucket}/{s3.prefix}/{shard} does not match the checksum" in capsys.readouterr().out
 
     assert main(["clean", *options]) == 0
+    assert "Removed 0 of 2 stores" in capsys.readouterr().out  # nothing stale yet
+    assert main(["clean", *options, "--stale-after", "0"]) == 0  # no sign of life for 0 hours: stale
     assert "Removed 1 of 2 stores" in capsys.readouterr().out
     assert not [key for key in s3.keys() if key.startswith("draft-")] and [k for k in s3.keys() if k.startswith("notes-")]

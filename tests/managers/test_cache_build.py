@@ -25,7 +25,7 @@ def keep_long_texts(examples: dict[str, list], tokenizer, min_length: int = 0) -
 def build(min_length: int = 0) -> CacheBuild:
     options = SourceOptions(preprocess_function=keep_long_texts, preprocess_kwargs={"min_length": min_length})
     raw = datasets.Dataset.from_dict({"text": TEXTS})
-    return CacheBuild(lambda: (raw, {"part": "all"}), Preprocessing(options, "source 'notes'"), lambda: InputFiles([], None, {}),
+    return CacheBuild(lambda _work_dir: (raw, {"part": "all"}), Preprocessing(options, "source 'notes'"), lambda: InputFiles([], None, {}),
                       TOK, "f" * 64)
 
 

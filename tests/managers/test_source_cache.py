@@ -8,6 +8,7 @@ from pathlib import Path
 import datasets
 import pytest
 
+from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.tasks import write_task
 from lightning_tune_data.managers import CacheMissingError
 from lightning_tune_data.managers.source_cache import SourceCache
@@ -64,3 +65,24 @@ def test_opening_a_cache_with_a_truncated_shard_names_the_shard(tmp_path: Path) 
     with pytest.raises(CacheMissingError, match=r"shard shards/task-00000-of-00001/00000\.arrow has \d+ bytes, \d+ "
                                                 r"were written \(truncated or overwritten\)"):
         cache(tmp_path).open()
+
+
+def test_build_stores_never_fails_naming_the_store_and_prepare_and_builds_nothing(tmp_path: Path) -> None:
+    never = SourceCache(StoreRoot(str(tmp_path), build_stores="never"), "notes", FINGERPRINT, "LocalDatasetManager",
+                        "source 'notes'")
+    with pytest.raises(CacheMissingError) as missing:
+        never.build(fill, {"source_key": "notes"}, "checksum")
+    assert str(missing.value) == (
+        f"source 'notes': no committed store at {tmp_path / 'notes-0123456789abcdef'}, and build_stores=never does not "
+        f"build it here. Run lightning-tune-data prepare --config <config> with this cache_dir first (or set "
+        f"build_stores: if_missing to tokenize on this node); if the store should exist, check cache_dir.")
+    assert not list(tmp_path.iterdir())
+    built = cache(tmp_path).build(fill, {"source_key": "notes"}, "checksum")  # auto on a local root: built
+    assert never.build(fill, {"source_key": "notes"}, "checksum") == built  # a committed store is used as it is
+
+
+def test_build_stores_takes_only_its_values() -> None:
+    with pytest.raises(ValueError, match=r"build_stores='sometimes' is not one of auto, never, if_missing"):
+        StoreRoot("/tmp/x", build_stores="sometimes")  # type: ignore[arg-type]
+    assert StoreRoot("s3://b/p").builds_missing_stores is False and StoreRoot("/tmp/x").builds_missing_stores
+    assert StoreRoot("s3://b/p", build_stores="if_missing").with_url("s3://c/q").builds_missing_stores

@@ -3,6 +3,7 @@ committed by whichever task finishes last, with the same rows whatever the numbe
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -40,8 +41,37 @@ def test_a_finished_task_is_skipped_and_a_committed_store_left_alone(tmp_path: P
     source = manager(tmp_path)
     assert run_store_task(source, TOK, tmp_path / "c", 0, 2).startswith("written")
     assert run_store_task(source, TOK, tmp_path / "c", 0, 2) == "already done"
-    assert run_store_task(source, TOK, tmp_path / "c", 1, 2).endswith("store committed")
+    committed = run_store_task(source, TOK, tmp_path / "c", 1, 2)
+    assert committed.endswith(f"store committed at {source.cache_dir_for(TOK, tmp_path / 'c')}")
     assert run_store_task(source, TOK, tmp_path / "c", 0, 2) == "store committed before"
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(("count", "expected"), [(1, "store committed by another attempt while this one ran"),
+                                                 (2, "already done by another attempt while this one ran")])
+def test_a_duplicate_attempt_never_touches_the_work_another_attempt_finished_while_it_ran(
+        tmp_path: Path, count: int, expected: str) -> None:
+    first, duplicate = manager(tmp_path, 2), manager(tmp_path, 2)
+    cache = tmp_path / "c"
+    store = Path(first.cache_dir_for(TOK, cache))
+    finished: dict[str, tuple[int, int]] = {}
+
+    def load_while_the_first_attempt_finishes(*args, **kwargs):  # a requeued task while the first still runs
+        run_store_task(first, TOK, cache, 0, count)
+        finished.update(_snapshot(store))
+        return LocalDatasetManager.load_task(duplicate, *args, **kwargs)
+
+    duplicate.load_task = load_while_the_first_attempt_finishes
+    status = run_store_task(duplicate, TOK, cache, 0, count)
+    assert status.startswith(expected) and status.endswith("(its output discarded)")
+    assert finished and any(name.startswith("shards/") for name in finished)
+    assert _snapshot(store) == finished  # not one file of the finished work replaced
+    del duplicate.load_task
+    assert run_store_task(duplicate, TOK, cache, 0, count) in ("store committed before", "already done")
+    assert _snapshot(store) == finished
 
 
 def test_an_unfinished_store_is_refused_naming_the_missing_tasks(tmp_path: Path) -> None:
@@ -62,7 +92,7 @@ def test_another_task_count_against_a_partly_written_store_says_how_to_start_ove
     run_store_task(source, TOK, tmp_path / "c", 0, 4)
     with pytest.raises(StoreNotCommittedError, match=r"is being written by 4 tasks \(1 finished\), not 2: .* Run with "
                                                      r"--num-tasks 4, or start over after removing the store "
-                                                     r"\(lightning-tune-data cache clean --cache-dir .* --all"):
+                                                     r"\(lightning-tune-data cache clean --cache-dir .* --store notes-[0-9a-f]{16}\)"):
         run_store_task(source, TOK, tmp_path / "c", 1, 2)
 
 
@@ -114,3 +144,26 @@ def test_setup_commits_and_opens_a_local_store_whose_tasks_all_finished(tmp_path
     commit.unlink()  # as if both tasks died right before committing
     assert len(source.setup(TOK, tmp_path / "c")) == sum(7 + i for i in range(5))
     assert commit.read_bytes() == first
+
+
+def test_a_hard_link_to_the_data_is_another_store_and_the_error_names_the_path_it_reads(tmp_path: Path) -> None:
+    source = manager(tmp_path, 1)
+    run_store_task(source, TOK, tmp_path / "c", 0, 1)
+    linked = tmp_path / "elsewhere" / "part-0.jsonl"
+    linked.parent.mkdir()
+    os.link(source.data_files[0], linked)  # same inode, same bytes, another path
+    other = LocalDatasetManager(data_files=[str(linked)])
+    other.source_name = "notes"
+    with pytest.raises(CacheMissingError, match=r"keyed by their resolved path and their content: this configuration "
+                                                rf"reads {linked}; the same files reached through another path"):
+        other.setup(TOK, tmp_path / "c")
+
+
+def test_a_task_shows_its_upload_to_a_remote_root(tmp_path: Path, s3, capsys) -> None:
+    from lightning_tune_data.cache.root import StoreRoot
+
+    source = manager(tmp_path, 1)
+    root = StoreRoot(s3.url, s3.storage_options, local_dir=tmp_path / "node")
+    assert ", store committed at s3://" in run_store_task(source, TOK, root, 0, 1)
+    err = capsys.readouterr().err
+    assert f"Uploading task 0 of 1 to {s3.url}/notes-" in err and "100%" in err

@@ -26,6 +26,13 @@ def test_file_runs_balance_bytes() -> None:
     assert file_runs([10] + [1] * 10, 2) == [(0, 1), (1, 11)]
 
 
+def test_files_of_about_equal_size_split_evenly() -> None:
+    # JSONL files of "equal" size differ by a few bytes: the first task must not get 3 of 8 and the last 1
+    sizes = [1000, 999, 1001, 1000, 998, 1002, 1000, 1000]
+    assert file_runs(sizes, 4) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert file_runs(sizes, 2) == [(0, 4), (4, 8)]
+
+
 def test_row_ranges_cover_every_row_once() -> None:
     assert [row_range(10, i, 4) for i in range(4)] == [(0, 2), (2, 5), (5, 7), (7, 10)]
     assert [row_range(2, i, 4) for i in range(4)] == [(0, 0), (0, 1), (1, 1), (1, 2)]
@@ -51,7 +58,7 @@ def test_a_task_reads_whole_files_when_there_are_enough_else_a_row_range(tmp_pat
         return datasets.Dataset.from_dict({"row": list(range(9))})
 
     part, described = task_part(files, 1, 3, load)
-    assert asked[-1] == [files[1]] and described == {"files": ["part-1.txt"], "file_range": [1, 2]}
+    assert asked[-1] == [files[1]] and described == {"files": ["part-1.txt"], "file_range": [1, 2], "of_files": 3}
     part, described = task_part(files, 1, 4, load)  # fewer files than tasks: rows
     assert asked[-1] is None and described == {"rows": [2, 4], "of_rows": 9} and part["row"] == [2, 3]
     part, described = task_part(files, 0, 1, load)

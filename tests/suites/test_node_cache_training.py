@@ -55,7 +55,7 @@ def datamodule(corpus: dict[str, str], s3, node: Path | None, **options: Any) ->
 
 def write_store(corpus, s3, tmp_path) -> dict[str, int]:
     """Write both sources' stores to S3; their sizes in bytes."""
-    writer = datamodule(corpus, s3, tmp_path / "writer")
+    writer = datamodule(corpus, s3, tmp_path / "writer", build_stores="if_missing")
     writer.prepare_data()
     sizes = {}
     for name in ROWS:

@@ -26,6 +26,7 @@ from conftest import S3_ENV, make_texts, write_jsonl
 from lightning_tune_data import finalize_stores, prepare_task
 from lightning_tune_data.cache.mirror import StoreCorruptError
 from lightning_tune_data.cache.root import StorageError
+from lightning_tune_data.managers import CacheMissingError
 from lightning_tune_data.cache.tasks import StoreNotCommittedError
 from lightning_tune_data.commands.prepare import main as prepare_main
 from lightning_tune_data.report.batches import datamodule_from_config
@@ -68,7 +69,9 @@ def config(files: dict[str, list[str]], cache_dir: str | Path, local_cache_dir: 
 
 
 def s3_config(s3, files: dict[str, list[str]], node: Path, **data: Any) -> dict:
-    return config(files, s3.url, node, s3.storage_options, **data)
+    """The config of a node that may build a missing store itself (``build_stores`` if_missing,
+    unless given): most tests here build the store with ``prepare_data`` on a writer node."""
+    return config(files, s3.url, node, s3.storage_options, **{"build_stores": "if_missing", **data})
 
 
 def write_yaml(path: Path, content: dict) -> str:
@@ -167,7 +170,7 @@ def test_four_task_processes_write_one_s3_store_equal_to_a_one_task_store_row_fo
     lines = [line for _, out, _ in results for line in out.splitlines()]
     for source in SOURCES:
         written = [line for line in lines if f": train/{source}: written" in line]
-        assert len(written) == 4 and any(line.endswith("store committed") for line in written), lines
+        assert len(written) == 4 and any(", store committed at s3://" in line for line in written), lines
         commit = commit_of(s3, source)
         assert commit["store"]["num_tasks"] == 4
         assert {shard["path"].split("/")[1] for shard in commit["store"]["shards"]} == {
@@ -206,14 +209,14 @@ def test_a_killed_task_leaves_no_done_marker_and_rerunning_only_it_commits_the_u
     assert leftovers, "the killed task's local staging folder"
 
     reader = s3_config(s3, files, tmp_path / "reader")
-    with pytest.raises(StoreNotCommittedError, match=r"task 2 of 4 have not finished") as refused:
+    with pytest.raises(StoreNotCommittedError, match=r"task 2 of 4 has not finished") as refused:
         datamodule_from_config(reader).setup("fit")
     assert "--task-index" in str(refused.value) and "--num-tasks 4" in str(refused.value)
     assert not committed_copies(tmp_path / "reader")
 
     assert prepare_task(content, 0, 4) == {"train/a": "already done", "train/b": "already done"}
     rerun = prepare_task(content, 2, 4)
-    assert all(status.startswith("written") and status.endswith("store committed") for status in rerun.values()), rerun
+    assert all(status.startswith("written") and ", store committed at " in status for status in rerun.values()), rerun
     assert prepare_task(content, 3, 4) == {"train/a": "store committed before", "train/b": "store committed before"}
     assert not [p for p in leftovers if p.exists()], "the rerun removes the killed run's staging folder"
 
@@ -226,7 +229,7 @@ def test_racing_finalizers_both_succeed_and_leave_exactly_the_one_deterministic_
     files = write_corpus(tmp_path)
     content = s3_config(s3, files, tmp_path / "writer")
     prepare_task(content, 0, 2)
-    assert prepare_task(content, 1, 2)["train/a"].endswith("store committed")
+    assert ", store committed at s3://" in prepare_task(content, 1, 2)["train/a"]
     keys_before = s3.keys()
     commits = {source: s3.get(f"{store_name(s3, source)}/_COMPLETE.json") for source in SOURCES}
     for source in SOURCES:
@@ -267,7 +270,7 @@ def test_setup_and_prepare_data_refuse_an_uncommitted_store_naming_the_missing_t
         reader.setup("fit")
     message = str(refused.value)
     assert "source 'a'" in message and f"{s3.url}/{store_name(s3, 'a')}" in message
-    assert "task 1 of 2 have not finished" in message
+    assert "task 1 of 2 has not finished" in message
     assert "--task-index I --num-tasks 2" in message and "cache clean" in message
     with pytest.raises(StoreNotCommittedError, match="task 1 of 2"):
         reader.prepare_data()  # does not build a second store beside the one being written
@@ -356,15 +359,39 @@ def test_an_unreachable_endpoint_fails_prepare_data_with_one_line_naming_the_url
     assert "Traceback" not in message and "botocore" not in message
 
 
-def test_a_missing_bucket_fails_prepare_data_with_one_line_naming_the_url(s3, tmp_path):
+@pytest.mark.parametrize("build_stores", ["auto", "if_missing"])
+def test_a_missing_bucket_fails_prepare_data_with_one_line_naming_the_url_before_any_work(s3, tmp_path, build_stores):
     files = write_corpus(tmp_path)
     url = f"s3://{s3.bucket}-missing/prefix"  # the test server is up; this bucket was never created
-    datamodule = datamodule_from_config(config(files, url, tmp_path / "node", s3.storage_options))
+    datamodule = datamodule_from_config(config(files, url, tmp_path / "node", s3.storage_options,
+                                               build_stores=build_stores))
     with pytest.raises(StorageError) as failed:
         datamodule.prepare_data()
     message = str(failed.value)
-    assert "\n" not in message and message.startswith(f"cache_dir {url}: cannot write {url}/a-")
-    assert "bucket does not exist" in message and "create the bucket" in message
+    assert "\n" not in message and message.startswith(f"cache_dir {url}: the bucket (or container) "
+                                                      f"'{s3.bucket}-missing' does not exist; create it first")
+    assert not (tmp_path / "node").exists() or not any((tmp_path / "node").iterdir())  # nothing tokenized
+
+
+def test_a_missing_store_under_a_remote_root_is_not_built_by_default_and_prepare_is_named(s3, tmp_path):
+    files = write_corpus(tmp_path)
+    datamodule = datamodule_from_config(config(files, f"{s3.url}/typo", tmp_path / "node", s3.storage_options))
+    with pytest.raises(CacheMissingError) as missing:
+        datamodule.prepare_data()
+    message = str(missing.value)
+    assert "\n" not in message and message.startswith(f"source 'a' (") and f"no committed store at {s3.url}/typo/a-" in message
+    assert "build_stores=auto (a remote cache_dir) does not build it here" in message
+    assert "Run lightning-tune-data prepare --config <config> with this cache_dir first" in message
+    assert not (tmp_path / "node").exists() or not any((tmp_path / "node").iterdir())  # nothing tokenized
+    assert not [key for key in s3.keys() if key.startswith("typo/")]  # and nothing written
+
+
+def test_prepare_checks_the_bucket_before_tokenizing_anything(s3, tmp_path):
+    files = write_corpus(tmp_path)
+    content = config(files, f"s3://{s3.bucket}-missing/x", tmp_path / "node", s3.storage_options)
+    with pytest.raises(StorageError, match=r"the bucket \(or container\) .* does not exist"):
+        prepare_task(content, 0, 2)
+    assert not (tmp_path / "node").exists() or not any((tmp_path / "node").iterdir())
 
 
 def test_a_task_count_other_than_the_partly_written_stores_fails_naming_both_counts_and_the_fix(s3, tmp_path, capsys):

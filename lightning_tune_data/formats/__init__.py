@@ -16,6 +16,6 @@
 """
 
 from lightning_tune_data.formats.corpus import CorpusFile, TokenCorpus
-from lightning_tune_data.formats.options import FORMATS, FormatOptions
+from lightning_tune_data.formats.options import FormatOptions
 
-__all__ = ["FORMATS", "CorpusFile", "FormatOptions", "TokenCorpus"]
+__all__ = ["CorpusFile", "FormatOptions", "TokenCorpus"]

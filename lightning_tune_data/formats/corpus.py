@@ -25,10 +25,7 @@ import pyarrow as pa
 
 from lightning_tune_data.keys import INPUT_IDS, LOSS_MASK
 
-__all__ = ["CorpusFile", "CorpusTable", "TokenCorpus", "TOKEN_DTYPES"]
-
-#: The token dtypes a corpus may hold (the formats' dtype codes map onto these).
-TOKEN_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "int64")
+__all__ = ["CorpusFile", "CorpusTable", "TokenCorpus"]
 
 
 @dataclass

@@ -10,10 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FormatOptions", "FORMATS"]
-
-#: The formats a tokenized source can be read from (``auto`` detects one from the files).
-FORMATS = ("auto", "lightning_tune_data", "megatron", "datatrove", "dolma", "nanogpt", "llmc", "litdata", "mds")
+__all__ = ["FormatOptions"]
 
 
 @dataclass(frozen=True)

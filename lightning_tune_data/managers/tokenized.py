@@ -12,28 +12,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from lightning_tune_data.cache.checksums import VerifyMode
 from lightning_tune_data.cache.root import StoreRoot
-from lightning_tune_data.formats.corpus import TOKEN_DTYPES
 from lightning_tune_data.formats.files import CorpusFiles
-from lightning_tune_data.formats.options import FORMATS, FormatOptions
+from lightning_tune_data.formats.options import FormatOptions
 from lightning_tune_data.formats.reading import open_corpus
 from lightning_tune_data.formats.store import open_committed_store, store_files_at
-from lightning_tune_data.keys import INPUT_IDS, LOSS_MASK
+from lightning_tune_data.keys import (
+    INPUT_IDS,
+    LOSS_MASK,
+    TOKEN_DTYPES,
+    TOKENIZED_FORMATS,
+    TokenDtype,
+    TokenizedFormat,
+)
 from lightning_tune_data.managers.errors import DataSourceError
 from lightning_tune_data.managers.hub import DatasetManager
 from lightning_tune_data.managers.options import SourceOptions
 from lightning_tune_data.tokenizers import ByteTokenizer, Tokenizer
 
-__all__ = ["AppendEos", "TokenizedDatasetManager", "TokenizedFormat"]
-
-TokenizedFormat = Literal["auto", "lightning_tune_data", "megatron", "datatrove", "dolma", "nanogpt", "llmc",
-                          "litdata", "mds"]
-TokenDtype = Literal["uint8", "int8", "uint16", "int16", "uint32", "int32", "int64"]
+__all__ = ["AppendEos", "TokenizedDatasetManager"]
 
 
 class AppendEos:
@@ -114,8 +116,8 @@ class TokenizedDatasetManager(DatasetManager):
         self.data_files = None
         self.source_name: str | None = None
         self.format = format
-        if format not in FORMATS:
-            raise DataSourceError(f"{self.source_description}: format {format!r} is not one of {list(FORMATS)}.")
+        if format not in TOKENIZED_FORMATS:
+            raise DataSourceError(f"{self.source_description}: format {format!r} is not one of {list(TOKENIZED_FORMATS)}.")
         if dtype is not None and dtype not in TOKEN_DTYPES:
             raise DataSourceError(f"{self.source_description}: dtype {dtype!r} is not one of {list(TOKEN_DTYPES)}.")
         self.storage_options = storage_options

@@ -50,7 +50,7 @@ def megatron_documents(prefix: Path) -> list[np.ndarray]:
         warnings.simplefilter("ignore")
         from megatron.core.datasets.indexed_dataset import IndexedDataset
     dataset = IndexedDataset(str(prefix))
-    return [np.asarray(dataset[i]) for i in range(len(dataset))]
+    return [np.array(dataset[i], copy=True) for i in range(len(dataset))]  # its views die with it
 
 
 def write_datatrove(folder: Path, name: str, docs: list[np.ndarray], losses: list[np.ndarray] | None = None,
@@ -66,13 +66,13 @@ def write_datatrove(folder: Path, name: str, docs: list[np.ndarray], losses: lis
     writer.close()
 
 
-def datatrove_tokens(folder: Path, seq_len: int) -> np.ndarray:
-    """The token stream as datatrove's own ``DatatroveFolderDataset`` hands it out (windows of
-    ``seq_len + 1`` ids, no overlap), joined."""
-    from datatrove.utils.dataset import DatatroveFolderDataset
+def datatrove_windows(path: Path, seq_len: int) -> list[np.ndarray]:
+    """A ``.ds`` file's windows as datatrove's own ``DatatroveFileDataset`` hands them out (window
+    ``i`` is the ``seq_len + 1`` ids from ``i * (seq_len + 1)``)."""
+    from datatrove.utils.dataset import DatatroveFileDataset
 
-    dataset = DatatroveFolderDataset(str(folder), seq_len=seq_len, token_size=2, shuffle=False)
-    return np.concatenate([np.asarray(dataset[i]["input_ids"]) for i in range(len(dataset))])
+    dataset = DatatroveFileDataset(str(path), seq_len=seq_len, token_size=2)
+    return [np.asarray(dataset[i]["input_ids"]) for i in range(len(dataset))]
 
 
 def write_raw(path: Path, docs: list[np.ndarray], dtype: str = "uint16") -> None:

@@ -47,6 +47,8 @@ def kept_arrays(folder: Path, compute: Callable[[], dict[str, np.ndarray]]) -> d
         for name, array in arrays.items():
             np.save(partial / f"{name}.npy", np.ascontiguousarray(array))
         (partial / _DONE).write_text("ok", encoding="utf-8")
+        if folder.is_dir() and not (folder / _DONE).is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # not ours: a folder without its marker is never read
         try:
             os.replace(partial, folder)
         except OSError:  # another process kept it first

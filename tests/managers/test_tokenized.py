@@ -1,0 +1,92 @@
+"""TokenizedDatasetManager end to end: a real Trainer fit on a Megatron corpus mixed with a text
+source, resumed from a checkpoint bitwise; configured from YAML; never built by prepare."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import BatchRecorder, make_texts, write_jsonl
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+from tokenized_writers import EOS, documents, write_megatron
+
+from lightning_tune_data import LocalDatasetManager, TextDataModule, TokenizedDatasetManager
+from lightning_tune_data.datamodule.store_tasks import stored_sources
+from lightning_tune_data.keys import INPUT_IDS
+from lightning_tune_data.managers import DataSourceError
+from lightning_tune_data.managers.tokenized import AppendEos
+from lightning_tune_data.models import TinyCausalLM
+from lightning_tune_data.report.batches import datamodule_from_config
+
+CHECKPOINT_STEP, FINAL_STEP = 4, 9
+
+
+def corpus(root: Path) -> Path:
+    write_megatron(root / "megatron" / "web_text_document", documents(120, seed=21, longest=50))
+    write_jsonl(root / "text.jsonl", make_texts(60, seed=22))
+    return root
+
+
+def datamodule(root: Path, **options) -> TextDataModule:
+    managers = {"web": TokenizedDatasetManager(str(root / "megatron"), weight=0.6),
+                "text": LocalDatasetManager(data_files=str(root / "text.jsonl"), weight=0.4)}
+    settings = dict(max_seq_len=48, batch_size=4, seed=3, cache_dir=str(root / "cache"), mix_by="tokens")
+    return TextDataModule({"train": managers}, **{**settings, **options})
+
+
+def fit(root: Path, run: Path, ckpt_path: str | None = None, **options) -> BatchRecorder:
+    seed_everything(0)
+    recorder = BatchRecorder()
+    trainer = Trainer(accelerator="cpu", max_steps=FINAL_STEP, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0, default_root_dir=run,
+                      callbacks=[recorder, ModelCheckpoint(dirpath=run / "ckpt", every_n_train_steps=CHECKPOINT_STEP,
+                                                           save_top_k=-1)])
+    model = TinyCausalLM(vocab_size=1024, max_seq_len=48, d_model=16, n_layers=1, n_heads=2)
+    trainer.fit(model, datamodule=datamodule(root, **options), ckpt_path=ckpt_path)
+    return recorder
+
+
+@pytest.mark.parametrize(("packing", "num_workers"), [(None, 0), ("best_fit", 2)])
+def test_a_fit_on_a_megatron_corpus_and_a_text_source_resumes_bitwise(tmp_path: Path, packing, num_workers) -> None:
+    root = corpus(tmp_path)
+    full = fit(root, tmp_path / "full", packing=packing, num_workers=num_workers)
+    assert {name for provenance in full.provenance for name in provenance["source"]} == {"web", "text"}
+    [checkpoint] = (tmp_path / "full" / "ckpt").glob(f"*step={CHECKPOINT_STEP}.ckpt")
+    resumed = fit(root, tmp_path / "resumed", str(checkpoint), packing=packing, num_workers=num_workers)
+    assert resumed.steps == list(range(CHECKPOINT_STEP, FINAL_STEP))
+    for want, got in zip(full.batches[CHECKPOINT_STEP:], resumed.batches, strict=True):
+        for key in want:
+            if isinstance(want[key], torch.Tensor):
+                assert torch.equal(want[key], got[key]), key
+    web_ids = torch.cat([batch[INPUT_IDS].flatten() for batch in full.batches])
+    assert int(web_ids.max()) > 258  # ids only the Megatron corpus holds reached the model
+
+
+def test_a_yaml_config_builds_it_and_prepare_leaves_it_alone(tmp_path: Path) -> None:
+    root = corpus(tmp_path)
+    config = {"data": {"dataset_managers": {"train": {"web": {
+        "class_path": "lightning_tune_data.TokenizedDatasetManager",
+        "init_args": {"path": str(root / "megatron"), "format": "megatron", "weight": 2.0}}}},
+        "cache_dir": str(root / "cache")}}
+    built = datamodule_from_config(config)
+    manager = built.dataset_managers["train"]["web"]
+    assert isinstance(manager, TokenizedDatasetManager) and manager.format == "megatron" and manager.weight == 2.0
+    assert list(stored_sources(built)) == []
+    with pytest.raises(DataSourceError, match="format 'parquet' is not one of"):
+        TokenizedDatasetManager(str(root), format="parquet")
+
+
+def test_append_eos_ends_each_document_once() -> None:
+    append = AppendEos(EOS)
+    assert append({INPUT_IDS: np.array([1, 2], np.uint16)})[INPUT_IDS].tolist() == [1, 2, EOS]
+    assert append({INPUT_IDS: np.array([1, EOS], np.uint16)})[INPUT_IDS].tolist() == [1, EOS]
+    masked = append({INPUT_IDS: np.array([1]), "loss_mask": np.array([False])})
+    assert masked["loss_mask"].tolist() == [False, True]
+    manager = TokenizedDatasetManager("unused", append_eos=True)
+    with pytest.raises(DataSourceError, match="append_eos needs eos_id"):
+        manager.stream_transforms()
+    assert isinstance(TokenizedDatasetManager("unused", append_eos=True, eos_id=7).stream_transforms()["output_transform"],
+                      AppendEos)

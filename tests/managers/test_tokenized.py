@@ -90,3 +90,22 @@ def test_append_eos_ends_each_document_once() -> None:
         manager.stream_transforms()
     assert isinstance(TokenizedDatasetManager("unused", append_eos=True, eos_id=7).stream_transforms()["output_transform"],
                       AppendEos)
+
+
+def test_every_readme_example_config_builds_the_manager_it_shows(tmp_path: Path) -> None:
+    import re
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Bring a tokenized corpus", 1)[1].split("\n## ", 1)[0]
+    examples = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", section, flags=re.S)]
+    assert len(examples) == 8
+    formats = []
+    for example in examples:
+        data = {key: value for key, value in example["data"].items() if key != "tokenizer"}
+        built = datamodule_from_config({"data": {**data, "cache_dir": str(tmp_path)}})
+        [manager] = built.dataset_managers["train"].values()
+        assert isinstance(manager, TokenizedDatasetManager)
+        formats.append(manager.format)
+    assert sorted(formats) == sorted(["megatron", "datatrove", "dolma", "nanogpt", "llmc", "litdata", "mds", "auto"])

@@ -136,10 +136,15 @@ class TokenCorpus:
         self.location = location
         self.dtype = self.files[0].dtype if self.files else "uint16"
         self._table: pa.Table | None = None
+        self._row_starts = np.concatenate([[0], np.cumsum([entry.documents for entry in self.files])]).astype(np.int64)
+        #: ``(vocabulary size, this node's folder)`` when ids must be checked as files are read.
+        self.id_check: tuple[int, str] | None = None
+        self._checked: set[int] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_table"] = None  # mappings are made again in the process that reads
+        state["_checked"] = set()
         return state
 
     def __len__(self) -> int:
@@ -172,6 +177,36 @@ class TokenCorpus:
                     LOSS_MASK: pa.large_list(pa.uint8())}
             self._table = pa.table({name: pa.chunked_array(chunks, type=kind[name]) for name, chunks in columns.items()})
         return self._table
+
+    def check_ids(self, rows: np.ndarray) -> None:
+        """Check that the files of ``rows`` hold only ids below the vocabulary, the first time one
+        of their rows is read in this process (with :attr:`id_check`; a file's largest id is
+        worked out once per node and kept).
+
+        Raises:
+            ValueError: naming the file, the position and the id.
+        """
+        if self.id_check is None or len(self._checked) == len(self.files):
+            return
+        from lightning_tune_data.formats.kept import kept_arrays, kept_folder
+
+        vocab, local_dir = self.id_check
+        for at in np.unique(np.searchsorted(self._row_starts, np.asarray(rows), side="right") - 1).tolist():
+            if at in self._checked:
+                continue
+            entry = self.files[at]
+            tokens = entry.token_array()
+            identity = entry.identity[0] if entry.identity else {"url": entry.name, "size": 0, "stamp": ""}
+            kept = kept_arrays(kept_folder(local_dir, "largest", identity),
+                               lambda: {"largest": np.array([int(tokens.max()) if len(tokens) else -1])})
+            if int(kept["largest"][0]) >= vocab:
+                position = int(np.argmax(np.asarray(tokens) >= vocab))
+                raise ValueError(
+                    f"{entry.name} holds id {int(tokens[position])} at token {position} (largest "
+                    f"{int(kept['largest'][0])}), beyond the tokenizer's vocabulary of {vocab}; use the tokenizer that "
+                    "wrote the corpus."
+                )
+            self._checked.add(at)
 
     @property
     def data(self) -> CorpusTable:

@@ -3,12 +3,16 @@
 :func:`open_corpus` lists the files, detects the format (or takes the one given), hands that
 format's files to its reader and checks what the readers cannot check alone: one token dtype for
 the whole corpus, at least one document. Ids beyond the tokenizer's vocabulary are found at setup by the formats that scan
-their ids anyway (Dolma, nanoGPT, llm.c); a dtype that cannot hold an id that large needs no check.
+their ids anyway (Dolma, nanoGPT, llm.c); a dtype that cannot hold an id that large needs no check;
+the other formats' files are checked when a document of theirs is first read (opening stays
+metadata-only), naming the file and the position.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import numpy as np
 
 from lightning_tune_data.formats.corpus import CorpusFile, TokenCorpus
 from lightning_tune_data.formats.datatrove import open_datatrove
@@ -22,6 +26,9 @@ from lightning_tune_data.formats.nanogpt import open_llmc, open_nanogpt
 from lightning_tune_data.formats.options import FormatOptions
 
 __all__ = ["READERS", "open_corpus"]
+
+#: Formats whose ids are scanned at open (and so checked against the vocabulary there).
+_SCANNED = ("dolma", "nanogpt", "llmc")
 
 #: Each foreign format's reader: ``(files, names, options) -> [CorpusFile]``.
 READERS: dict[str, Callable[[CorpusFiles, list[str], FormatOptions], list[CorpusFile]]] = {
@@ -60,4 +67,7 @@ def open_corpus(files: CorpusFiles, format: str, options: FormatOptions) -> Toke
     if len(corpus) == 0:
         raise ValueError(f"{options.description}: the {chosen} files at {files.path} hold no document (empty corpus); "
                          "check the path.")
+    vocab = options.vocab_size
+    if vocab is not None and chosen not in _SCANNED and np.iinfo(np.dtype(corpus.dtype)).max >= vocab:
+        corpus.id_check = (int(vocab), str(options.local_dir))  # checked as each file is first read
     return corpus

@@ -1,5 +1,5 @@
 """``CorpusSource``: an ``ArrowSource`` over a tokenized corpus read in place, which also saves
-which files it read.
+which files it read and checks each file's ids against the vocabulary when it first reads it.
 
 The foreign formats carry no checksums, so the identity of every file (size and ETag or
 modification time, recorded when the corpus was opened) goes into the source's saved state. A
@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
+from lightning_tune_data.keys import SOURCE_ROW
 from lightning_tune_data.sources.arrow import ArrowSource
+from lightning_tune_data.sources.arrow_iteration import ROWS_PER_STEP
 from lightning_tune_data.sources.document_block import DocumentBlock
 
 __all__ = ["CorpusSource"]
@@ -35,6 +39,7 @@ class CorpusSource(ArrowSource):
 
     def __init__(self, corpus: Any, dataset_name: str, **kwargs: Any) -> None:
         super().__init__(corpus, dataset_name, **kwargs)
+        self._corpus = corpus
         identity = corpus.identity()
         self._location = corpus.location
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
@@ -60,6 +65,22 @@ class CorpusSource(ArrowSource):
             "the saved position would mean other documents. Restore the files, or resume with "
             "`resume_data_state: false` to start the data from the beginning."
         )
+
+    def read_block(self, limit: int = ROWS_PER_STEP) -> DocumentBlock | None:
+        """As ``ArrowSource.read_block``; the ids of a file are checked the first time it is read."""
+        block = super().read_block(limit)
+        if block is not None:
+            self._corpus.check_ids(np.asarray(block.rows))
+        return block
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        corpus = self._corpus
+        if corpus.id_check is None:
+            yield from super().__iter__()
+            return
+        for sample in super().__iter__():
+            corpus.check_ids(np.array([sample[SOURCE_ROW]]))
+            yield sample
 
     def state_dict(self) -> dict[str, Any]:
         """The ``ArrowSource`` state plus the identity of the files read."""

@@ -57,3 +57,20 @@ def test_a_dtype_contradicting_the_index_fails(tmp_path: Path) -> None:
 def test_an_index_of_other_bytes_is_refused() -> None:
     with pytest.raises(ValueError, match="is not a Megatron index"):
         read_megatron_index(b"not an index at all, just bytes", "x.idx", "source 'web'")
+
+
+def test_ids_beyond_the_vocabulary_are_named_when_their_file_is_first_read(tmp_path: Path) -> None:
+    from lightning_tune_data.sources.corpus_source import CorpusSource
+
+    docs = documents(10, seed=19)
+    docs[4][2] = 1500
+    write_megatron(tmp_path / "corpus" / "a", docs)
+    corpus = TokenizedDatasetManager(str(tmp_path / "corpus"), vocab_size=1000).setup(None, tmp_path / "cache")
+    position = sum(len(doc) for doc in docs[:4]) + 2
+    with pytest.raises(ValueError, match=rf"a\.bin holds id 1500 at token {position} .*vocabulary of 1000"):
+        next(iter(CorpusSource(corpus, "web")))
+    with pytest.raises(ValueError, match=r"a\.bin holds id 1500"):
+        CorpusSource(corpus, "web").read_block()  # the packers' path
+    wide = TokenizedDatasetManager(str(tmp_path / "corpus"), vocab_size=70_000).setup(None, tmp_path / "cache")
+    assert wide.id_check is None  # uint16 ids always fit: nothing to read
+    next(iter(CorpusSource(wide, "web")))

@@ -65,3 +65,19 @@ def test_a_folder_that_is_not_a_committed_store_says_so(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="is not a committed store"):
         trained_rows(str(tmp_path / "empty"), tmp_path / "c", format="lightning_tune_data")
+
+
+def test_a_store_on_s3_larger_than_the_cache_budget_is_read_shard_by_shard(tmp_path: Path, s3) -> None:
+    from lightning_tune_data.cache.cached_store import CachedStore
+
+    folder, rows = prepared_store(tmp_path / "prep")
+    upload_store(folder, StoreFiles(StoreRoot(s3.url, s3.storage_options), folder.name), "source 'web'")
+    datamodule = TextDataModule({"train": {"web": TokenizedDatasetManager(f"{s3.url}/{folder.name}")}},
+                                cache_dir=s3.url, storage_options=s3.storage_options,
+                                local_cache_dir=str(tmp_path / "node"), cache_budget="6KB", shuffle_window=1)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    store = datamodule.dataset("train", "web")
+    assert isinstance(store, CachedStore) and store.num_shards > 2 and len(store) == len(rows)
+    batch = next(iter(datamodule.train_dataloader()))
+    assert batch["input_ids"].shape[0] == datamodule.batch_size

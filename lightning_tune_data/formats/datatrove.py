@@ -52,13 +52,14 @@ def open_datatrove(files: CorpusFiles, names: list[str], options: FormatOptions)
         missing = [files.url(name) for name in tokens if name + ".loss" not in listing]
         raise ValueError(f"{options.description}: some .ds files have a .ds.loss mask and {missing[:3]} have none; "
                          "give every file its mask or remove them all.")
+    indexes = files.read_many([name + ".index" for name in tokens if name + ".index" in listing])
     for name in tokens:
         index = name + ".index"
         if index not in listing:
             raise ValueError(f"{options.description}: {files.url(name)} has no .ds.index beside it; copy it (datatrove "
                              "writes it with save_index=True).")
         dtype = _token_dtype(files, name, options)
-        ends = np.frombuffer(files.read_bytes(index), dtype="<u8").astype(np.int64)
+        ends = np.frombuffer(indexes[index], dtype="<u8").astype(np.int64)
         offsets = np.concatenate([[0], ends]).astype(np.int64)
         width = np.dtype(dtype).itemsize
         size = listing[name]["size"]

@@ -30,7 +30,7 @@ def _base(name: str) -> str:
     return name.rsplit("/", 1)[-1]
 
 
-def _kind(name: str, files: CorpusFiles, names: set[str], has_idx: bool, indexes: dict[str, str]) -> str | None:
+def _kind(name: str, files: CorpusFiles, has_idx: bool, indexes: dict[str, str]) -> str | None:
     base, folder = _base(name), name.rsplit("/", 1)[0]
     if base == "index.json":
         return indexes.get(name, "unknown")
@@ -67,17 +67,17 @@ def format_files(files: CorpusFiles) -> dict[str, list[str]]:
     has_idx = any(name.endswith(".idx") for name in listing)
     found: dict[str, list[str]] = {}
     for name in listing:
-        found.setdefault(_kind(name, files, set(listing), has_idx, indexes) or "unknown", []).append(name)
+        found.setdefault(_kind(name, files, has_idx, indexes) or "unknown", []).append(name)
     return found
 
 
-def detect_format(files: CorpusFiles, description: str) -> str:
-    """The one format of the corpus's files.
+def detect_format(files: CorpusFiles, description: str, found: dict[str, list[str]] | None = None) -> str:
+    """The one format of the corpus's files (``found``: :func:`format_files`' result, when known).
 
     Raises:
         ValueError: files of no known format, or of several, naming what was found.
     """
-    found = format_files(files)
+    found = format_files(files) if found is None else found
     if len(found) == 1 and "unknown" not in found:
         return next(iter(found))
     summary = ", ".join(f"{len(names)} {kind} file(s) (e.g. {files.url(names[0])})" for kind, names in found.items())

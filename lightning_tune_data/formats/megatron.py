@@ -56,6 +56,8 @@ def open_megatron(files: CorpusFiles, names: list[str], options: FormatOptions) 
     """
     present = set(names)
     result = []
+    pairs = [name[:-4] + ".idx" for name in names if name.endswith(".bin") and name[:-4] + ".idx" in present]
+    indexes = files.read_many(pairs)
     for name in names:
         if not name.endswith((".bin", ".idx")):
             continue
@@ -67,7 +69,7 @@ def open_megatron(files: CorpusFiles, names: list[str], options: FormatOptions) 
         if name.endswith(".idx"):
             continue
         index = stem + ".idx"
-        dtype, lengths, pointers = read_megatron_index(files.read_bytes(index), files.url(index), options.description)
+        dtype, lengths, pointers = read_megatron_index(indexes[index], files.url(index), options.description)
         if options.dtype is not None and options.dtype != dtype:
             raise ValueError(f"{options.description}: dtype={options.dtype!r} but {files.url(index)} records {dtype}; "
                              "remove the dtype option (the index says it).")

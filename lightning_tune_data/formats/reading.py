@@ -50,8 +50,8 @@ def open_corpus(files: CorpusFiles, format: str, options: FormatOptions) -> Toke
         ValueError: an unknown or mixed layout, a reader's complaint, several dtypes, no
             document, or (where the dtype allows) ids beyond the vocabulary.
     """
-    chosen = detect_format(files, options.description) if format == "auto" else format
     found = format_files(files)
+    chosen = detect_format(files, options.description, found) if format == "auto" else format
     names = sorted(name for kind, group in found.items() for name in group
                    if kind == chosen or (chosen in ("nanogpt", "llmc") and kind in ("nanogpt", "llmc")))
     if not names:

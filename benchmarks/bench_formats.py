@@ -183,12 +183,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", type=Path, default=BENCH_DIR / "results" / "formats.md")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="bench-formats-"))
-    try:
-        local_open = bench_open(root, args.files)
-        s3_open = bench_open_s3(root, args.s3_files)
-        rows = bench_throughput(root, args.documents)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    local_open = bench_open(root, args.files)
+    shutil.rmtree(root / f"open-{args.files}", ignore_errors=True)
+    s3_open = bench_open_s3(root, args.s3_files)
+    rows = bench_throughput(root, args.documents)
     base = rows[0][1]
     lines = [
         "# Tokenized corpora in other formats",
@@ -209,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
         "",
     ]
     args.output.write_text("\n".join(lines), encoding="utf-8")
-    print("\n".join(lines))
+    print("\n".join(lines), flush=True)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -143,12 +143,32 @@ class CorpusFiles:
         return fs.cat_file(name, start=start, end=end)
 
     def read_many(self, names: list[str]) -> dict[str, bytes]:
-        """Whole files at once (index files): a remote filesystem fetches them concurrently, so
-        opening a corpus of thousands of files costs about as many round trips as a few."""
+        """Whole files at once (index files). Remote ones are fetched once per node, concurrently
+        (opening thousands of files costs about as many round trips as a few), and kept as copies
+        named by their identity, which later opens read."""
         if not self.remote or not names:
             return {name: self.read_bytes(name) for name in names}
-        found = self._fs().cat(list(names), on_error="raise")
-        return {name: found[name] for name in names}
+        copies = {name: self._copy_path(name) for name in names}
+        missing = [name for name in names if not self._is_copied(name, copies[name])]
+        found = self._fs().cat(missing, on_error="raise") if missing else {}
+        for name in missing:
+            self._keep(copies[name], found[name])
+        return {name: found[name] if name in found else copies[name].read_bytes() for name in names}
+
+    def _copy_path(self, name: str) -> Path:
+        """Where this node keeps its copy of remote file ``name`` (named by its URL and identity)."""
+        info = self.listing()[name]
+        key = hashlib.sha256(f"{self.url(name)}\0{info['size']}\0{info['stamp']}".encode()).hexdigest()[:20]
+        return self.local_dir / LOCAL_COPIES_FOLDER / key / Path(name).name
+
+    def _is_copied(self, name: str, target: Path) -> bool:
+        return target.is_file() and target.stat().st_size == self.listing()[name]["size"]
+
+    def _keep(self, target: Path, data: bytes) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        partial.write_bytes(data)
+        os.replace(partial, target)
 
     def local(self, name: str) -> str:
         """A local path of the file's bytes to memory-map: the file itself, or this node's copy
@@ -156,9 +176,8 @@ class CorpusFiles:
         if not self.remote:
             return name
         info = self.listing()[name]
-        key = hashlib.sha256(f"{self.url(name)}\0{info['size']}\0{info['stamp']}".encode()).hexdigest()[:20]
-        target = self.local_dir / LOCAL_COPIES_FOLDER / key / Path(name).name
-        if target.is_file() and target.stat().st_size == info["size"]:
+        target = self._copy_path(name)
+        if self._is_copied(name, target):
             return str(target)
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{os.getpid()}.partial")

@@ -43,6 +43,6 @@ def test_a_corpus_on_s3_is_listed_with_etags_copied_once_and_read_as_written(tmp
     assert all(np.array_equal(column[i].values.to_numpy(), expected[i]) for i in range(20))
     copies = list((tmp_path / "node" / LOCAL_COPIES_FOLDER).rglob("a.bin"))
     assert len(copies) == 1
-    gets = s3.requests.gets("corpus/a.bin")
+    gets = s3.requests.gets("corpus/a.bin"), s3.requests.gets("corpus/a.idx")
     manager.setup(None, tmp_path / "node")
-    assert s3.requests.gets("corpus/a.bin") == gets  # the copy is reused
+    assert (s3.requests.gets("corpus/a.bin"), s3.requests.gets("corpus/a.idx")) == gets  # both copies are reused

@@ -109,3 +109,22 @@ def test_every_readme_example_config_builds_the_manager_it_shows(tmp_path: Path)
         assert isinstance(manager, TokenizedDatasetManager)
         formats.append(manager.format)
     assert sorted(formats) == sorted(["megatron", "datatrove", "dolma", "nanogpt", "llmc", "litdata", "mds", "auto"])
+
+
+@pytest.mark.slow
+def test_under_ddp_every_rank_gets_equal_batches_of_disjoint_documents(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    write_megatron(tmp_path / "megatron" / "web", documents(200, seed=23, longest=50))
+    write_jsonl(tmp_path / "a.jsonl", make_texts(80, seed=24))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "tokenized_ddp_fit.py"
+    result = subprocess.run([sys.executable, str(script), str(tmp_path), str(tmp_path / "run"), "6"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / "run" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [len(rank["batches"]) for rank in ranks] == [6, 6] and all(rank["global_step"] == 6 for rank in ranks)
+    assert all(len(batch) == 4 for rank in ranks for batch in rank["batches"])
+    web = [{tuple(tokens) for batch in rank["batches"] for source, tokens in batch if source == "web"} for rank in ranks]
+    assert web[0] and web[1] and not web[0] & web[1]

@@ -2,7 +2,8 @@
 
 A chunk is ``uint32`` item count, ``uint32`` byte offsets of its items (count + 1), then the items.
 With litgpt's ``TokensLoader`` each item is one document's raw ids, back to back: the chunk is read
-in place, the offsets being the document boundaries. With the default ``PyTreeLoader`` an item of
+in place, the offsets being the document boundaries (unless the header leaves the ids unaligned,
+e.g. int64 ids after an odd number of header words: then it is copied out once, like the next case). With the default ``PyTreeLoader`` an item of
 one 1-D array is a ``uint32`` size then the ids; such a chunk is decoded once per node into one
 token file (kept, see :mod:`lightning_tune_data.formats.kept`). Only the index and the chunk
 headers are read to open a ``TokensLoader`` dataset. Compressed or encrypted chunks are refused.
@@ -58,6 +59,15 @@ def _decode_pytree(data: bytes, dtype: str) -> dict[str, np.ndarray]:
     return {"tokens": tokens, "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)}
 
 
+def _decode_tokens(data: bytes, dtype: str) -> dict[str, np.ndarray]:
+    """A ``TokensLoader`` chunk whose ids are not aligned in the file (a header of an odd number of
+    words before 8-byte ids), copied out into one aligned token array."""
+    count = int(np.frombuffer(data, "<u4", 1)[0])
+    offsets = np.frombuffer(data, "<u4", count + 1, 4).astype(np.int64)
+    tokens = np.frombuffer(data[int(offsets[0]) : int(offsets[-1])], dtype=dtype).copy()
+    return {"tokens": tokens, "offsets": (offsets - offsets[0]) // np.dtype(dtype).itemsize}
+
+
 def open_litdata(files: CorpusFiles, names: list[str], options: FormatOptions) -> list[CorpusFile]:
     """The chunks of every LitData ``index.json`` among ``names``, in index order.
 
@@ -87,15 +97,16 @@ def open_litdata(files: CorpusFiles, names: list[str], options: FormatOptions) -
                 raise ValueError(f"{options.description}: {files.url(name)}'s header does not match {where} (or the "
                                  "chunk is truncated); copy the dataset again.")
             identity = [files.identity(name), files.identity(index)]
-            if tokens_loader:
-                width = np.dtype(dtype).itemsize
+            width = np.dtype(dtype).itemsize
+            if tokens_loader and int(header[1]) % width == 0:  # ids aligned in the file: read in place
                 bytes_at = header[1:]
                 offsets = (bytes_at - bytes_at[0]) // width
                 result.append(CorpusFile(files.url(name), dtype, offsets.astype(np.int64), path=files.local(name),
                                          start=int(bytes_at[0]), identity=identity))
                 continue
-            kept_at = kept_folder(options.local_dir, f"litdata-{dtype}", files.identity(name))
-            kept = kept_arrays(kept_at, lambda name=name: _decode_pytree(files.read_bytes(name), dtype))
+            kept_at = kept_folder(options.local_dir, f"litdata-{dtype}-{tokens_loader}", files.identity(name))
+            decode = _decode_tokens if tokens_loader else _decode_pytree
+            kept = kept_arrays(kept_at, lambda name=name, decode=decode: decode(files.read_bytes(name), dtype))
             path, start = kept_path(kept_at, "tokens")
             result.append(CorpusFile(files.url(name), dtype, np.asarray(kept["offsets"]), path=path, start=start,
                                      identity=identity))

@@ -46,3 +46,13 @@ def test_compressed_chunks_are_refused_with_the_fix(tmp_path: Path) -> None:
     index.write_text(json.dumps(content))
     with pytest.raises(DataSourceError, match="compression=None"):
         TokenizedDatasetManager(str(tmp_path / "corpus")).setup(None, tmp_path / "c")
+
+
+def test_int64_ids_left_unaligned_by_the_chunk_header_are_copied_out_once(tmp_path: Path) -> None:
+    docs = documents(9, seed=20)  # a chunk header of 4 * (items + 2) bytes: odd item counts misalign int64
+    write_litdata(tmp_path / "corpus", docs, tokens_loader=True, dtype=np.int64)
+    corpus = TokenizedDatasetManager(str(tmp_path / "corpus")).setup(None, tmp_path / "c")
+    assert corpus.dtype == "int64"
+    assert {Path(entry.path).name.startswith("chunk-") for entry in corpus.files} == {True, False}  # both kinds
+    assert [r.tolist() for r in rows(corpus)] == [d.tolist() for d in docs]
+    assert np.array_equal(np.concatenate(rows(corpus)), litdata_token_stream(tmp_path / "corpus"))

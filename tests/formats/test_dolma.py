@@ -51,6 +51,7 @@ def test_a_real_numpy_file_and_a_missing_eos_id_fail_with_the_fix(tmp_path: Path
     write_raw(tmp_path / "corpus" / "part-0.npy", documents(4, seed=8))
     with pytest.raises(DataSourceError, match="set eos_id"):
         TokenizedDatasetManager(str(tmp_path / "corpus")).setup(None, tmp_path / "c")
-    np.save(tmp_path / "real" / "x.npy" if (tmp_path / "real").mkdir() is None else None, np.arange(10))
+    (tmp_path / "real").mkdir()
+    np.save(tmp_path / "real" / "x.npy", np.arange(10))
     with pytest.raises(DataSourceError, match="is a NumPy file with a header"):
         TokenizedDatasetManager(str(tmp_path / "real"), format="dolma", eos_id=EOS).setup(None, tmp_path / "c")

@@ -11,7 +11,8 @@ our own store and against the tools' own readers, in the same run.
   over its own chunks of the same documents (its own order, unshuffled; no DataLoader).
   Every reader touches every token of every document it returns (a sum), so none is lazier.
 
-Usage: python benchmarks/bench_formats.py [--files 10000] [--s3-files 500] [--documents 100000] [--output FILE]
+Usage: python benchmarks/bench_formats.py [--files 10000] [--s3-files 100] [--documents 20000] [--output FILE]
+(about a minute with these defaults on 2 CPUs)
 """
 
 from __future__ import annotations
@@ -178,8 +179,8 @@ def bench_throughput(root: Path, count: int) -> list[tuple[str, float, str]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=10_000)
-    parser.add_argument("--s3-files", type=int, default=500)
-    parser.add_argument("--documents", type=int, default=100_000)
+    parser.add_argument("--s3-files", type=int, default=100)
+    parser.add_argument("--documents", type=int, default=20_000)
     parser.add_argument("--output", type=Path, default=BENCH_DIR / "results" / "formats.md")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="bench-formats-"))

@@ -9,7 +9,13 @@ from lightning_tune_data.collate import PackedCollator, PaddedCollator, shifted_
 from lightning_tune_data.datamodule.module import TextDataModule
 from lightning_tune_data.datamodule.store_tasks import finalize_stores, prepare_task, repair_stores
 from lightning_tune_data.models.harness import Harness, MetricSpec
-from lightning_tune_data.managers import DatasetManager, LocalDatasetManager, UnconditionalGenerationDatasetManager
+from lightning_tune_data.managers import (
+    DatasetManager,
+    LocalDatasetManager,
+    TokenizedDatasetManager,
+    UnconditionalGenerationDatasetManager,
+)
+from lightning_tune_data.formats import TokenCorpus
 from lightning_tune_data.metrics import DatasetMetricsCallback, MetricCollector, StandardMetricCollector
 from lightning_tune_data.models.source_loss import SourceLossSplit, split_loss_by_source
 from lightning_tune_data.models.prediction_writer import PredictionWriter
@@ -44,6 +50,8 @@ __all__ = [
     "PredictionWriter",
     "StandardMetricCollector",
     "TextDataModule",
+    "TokenCorpus",
+    "TokenizedDatasetManager",
     "TokenizerFileTokenizer",
     "TransformersTokenizer",
     "TuneIterableDataset",

@@ -68,6 +68,15 @@ MixBy = Literal["documents", "tokens"]
 #: What a mixture weight is a share of.
 MIX_BY: tuple[str, ...] = MixBy.__args__
 
+TokenizedFormat = Literal["auto", "lightning_tune_data", "megatron", "datatrove", "dolma", "nanogpt", "llmc", "litdata",
+                          "mds"]
+#: The formats a tokenized corpus is read from (``auto`` detects one from the files).
+TOKENIZED_FORMATS: tuple[str, ...] = TokenizedFormat.__args__
+
+TokenDtype = Literal["uint8", "int8", "uint16", "int16", "uint32", "int32", "int64"]
+#: The token dtypes a tokenized corpus may hold.
+TOKEN_DTYPES: tuple[str, ...] = TokenDtype.__args__
+
 #: A document of a store read shard by shard is at ``shard << SHARD_BITS | position in that
 #: shard's flat token values`` (a shard's values span less than 2**40 items).
 SHARD_BITS = 40

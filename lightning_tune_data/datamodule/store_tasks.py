@@ -19,7 +19,7 @@ from typing import Any
 from lightning_tune_data.cache.tasks import StoreNotCommittedError
 from lightning_tune_data.datamodule.module import TextDataModule
 from lightning_tune_data.datamodule.splits import SPLITS
-from lightning_tune_data.managers import UnconditionalGenerationDatasetManager
+from lightning_tune_data.managers import TokenizedDatasetManager, UnconditionalGenerationDatasetManager
 from lightning_tune_data.managers.store_repair import repair_source_store
 from lightning_tune_data.managers.store_task import finalize_source_store, run_store_task
 
@@ -43,7 +43,8 @@ def stored_sources(datamodule: TextDataModule) -> Iterator[tuple[str, Any]]:
     """``("<split>/<name>", manager)`` for every source that has a token store, in config order."""
     for split in SPLITS:
         for name, manager in (datamodule.dataset_managers.get(split) or {}).items():
-            if not isinstance(manager, UnconditionalGenerationDatasetManager) and not manager.streaming:
+            read_in_place = isinstance(manager, (UnconditionalGenerationDatasetManager, TokenizedDatasetManager))
+            if not read_in_place and not manager.streaming:
                 yield f"{split}/{name}", manager
 
 

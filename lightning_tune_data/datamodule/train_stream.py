@@ -19,6 +19,8 @@ from lightning_tune_data.packing import IterablePackedDataset, get_strategy
 from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.arrow import ArrowSource
 from lightning_tune_data.sources.base import TuneIterableDataset
+from lightning_tune_data.sources.corpus_source import CorpusSource
+from lightning_tune_data.formats.corpus import TokenCorpus
 from lightning_tune_data.sources.lengths import overlong_warnings
 
 __all__ = [
@@ -152,5 +154,6 @@ class TrainStreamConfig:
                 f"{settings.world_size} x num_workers={self.num_workers}): some workers would get no data. Lower "
                 "num_workers or add data."
             )
-        return ArrowSource(data, dataset_name=name, shuffle=manager.shuffle, max_error_count=manager.max_error_count,
-                           settings=settings, **manager.stream_transforms())
+        kind = CorpusSource if isinstance(data, TokenCorpus) else ArrowSource
+        return kind(data, dataset_name=name, shuffle=manager.shuffle, max_error_count=manager.max_error_count,
+                    settings=settings, **manager.stream_transforms())

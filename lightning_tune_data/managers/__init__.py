@@ -3,6 +3,8 @@
 * :class:`DatasetManager`: a Hugging Face hub dataset (``full_name`` or ``path``/``name``/``split``),
   or anything ``datasets.load_dataset`` can load.
 * :class:`LocalDatasetManager`: local JSON(L)/CSV/Parquet/text files.
+* :class:`TokenizedDatasetManager`: a corpus already tokenized (one of our committed stores, or
+  Megatron / datatrove / Dolma / nanoGPT / llm.c / LitData / MDS files), read in place.
 * :class:`UnconditionalGenerationDatasetManager`: ``num_examples`` BOS-only prompts for
   unconditional generation (predict); nothing to download or cache.
 
@@ -21,6 +23,7 @@ from lightning_tune_data.managers.hub import DatasetManager, parse_full_name
 from lightning_tune_data.managers.local import LOCAL_DS_TYPES, LocalDatasetManager
 from lightning_tune_data.managers.options import DEFAULT_PREPROCESS, STAGES, SourceOptions
 from lightning_tune_data.managers.preprocess_runner import OUTPUT_COLUMNS
+from lightning_tune_data.managers.tokenized import TokenizedDatasetManager
 from lightning_tune_data.managers.unconditional import UnconditionalGenerationDatasetManager, UnconditionalPrompts
 
 __all__ = [
@@ -34,6 +37,7 @@ __all__ = [
     "LocalDatasetManager",
     "SourceManager",
     "SourceOptions",
+    "TokenizedDatasetManager",
     "UnconditionalGenerationDatasetManager",
     "UnconditionalPrompts",
     "parse_full_name",

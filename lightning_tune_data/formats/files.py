@@ -1,0 +1,192 @@
+"""Where a tokenized corpus's files are: a local path, a glob, or an fsspec URL.
+
+:class:`CorpusFiles` is the one place a corpus reader touches storage. It lists what a path
+matches (with each file's size and identity: an ETag for object stores, else the modification
+time), reads small files and byte ranges (headers, index files), and gives a local path for a
+file to memory-map. A local file is used in place. A remote file is copied whole, once per node,
+into ``<local_cache_dir>/tokenized/``, named by its URL and identity (a changed remote file is
+fetched again under a new name, never mixed with an old copy), written to a temporary name and
+renamed, so a killed copy is never used.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from lightning_tune_data.managers.errors import DataSourceError
+
+__all__ = ["CorpusFiles", "LOCAL_COPIES_FOLDER"]
+
+#: Folder of this node's copies of remote corpus files, under the local cache folder.
+LOCAL_COPIES_FOLDER = "tokenized"
+
+_GLOB_CHARACTERS = "*?["
+
+
+def _is_url(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def _walk(folder: str, found: dict[str, dict[str, Any]]) -> None:
+    """Every file under ``folder`` with its size and modification time (one ``stat`` per file)."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_dir():
+                _walk(entry.path, found)
+            elif entry.is_file():
+                stat = entry.stat()
+                found[entry.path] = {"size": stat.st_size, "stamp": str(stat.st_mtime_ns)}
+
+
+def _local_listing(path: str) -> dict[str, dict[str, Any]]:
+    """What a local folder, glob or file matches, by absolute path."""
+    found: dict[str, dict[str, Any]] = {}
+    if any(char in path for char in _GLOB_CHARACTERS):
+        for name in glob.glob(path, recursive=True):
+            if os.path.isfile(name):
+                stat = os.stat(name)
+                found[os.path.abspath(name)] = {"size": stat.st_size, "stamp": str(stat.st_mtime_ns)}
+    elif os.path.isdir(path):
+        _walk(os.path.abspath(path), found)
+    elif os.path.isfile(path):
+        stat = os.stat(path)
+        found[os.path.abspath(path)] = {"size": stat.st_size, "stamp": str(stat.st_mtime_ns)}
+    return found
+
+
+class CorpusFiles:
+    """A corpus location and how to read its files.
+
+    Args:
+        path: a local path (file or folder), a glob, or an fsspec URL (``s3://bucket/corpus/``).
+        storage_options: options of the URL's filesystem (endpoint, credentials).
+        local_dir: this node's folder for copies of remote files.
+        description: names the source in errors.
+    """
+
+    def __init__(self, path: str, storage_options: dict[str, Any] | None, local_dir: Path, description: str) -> None:
+        path = os.fspath(path)
+        self.path = path[len("file://"):] if path.startswith("file://") else path
+        self.storage_options = dict(storage_options or {})
+        self.local_dir = Path(local_dir)
+        self.description = description
+        self.remote = _is_url(self.path)
+        self._listing: dict[str, dict[str, Any]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_listing"] = None
+        return state
+
+    def _fs(self) -> Any:
+        import fsspec
+
+        return fsspec.core.url_to_fs(self.path, **self.storage_options)[0]
+
+    def _protocol(self) -> str:
+        return self.path.split("://", 1)[0]
+
+    def url(self, name: str) -> str:
+        """``name`` (a listed file) as the user would write it."""
+        return f"{self._protocol()}://{name}" if self.remote and "://" not in name else name
+
+    def listing(self) -> dict[str, dict[str, Any]]:
+        """Every file the path matches, sorted by name: ``{name: {"size", "stamp"}}``.
+
+        A folder means every file under it; a glob, the files it matches.
+
+        Raises:
+            FileNotFoundError: the path matches no file (naming it and what to check).
+        """
+        if self._listing is not None:
+            return self._listing
+        found: dict[str, dict[str, Any]] = {}
+        if self.remote:
+            fs = self._fs()
+            base = self.path.split("://", 1)[1]
+            if any(char in base for char in _GLOB_CHARACTERS):
+                details = fs.glob(base, detail=True)
+            elif fs.isdir(base):
+                details = fs.find(base, detail=True)
+            else:
+                details = {base: fs.info(base)} if fs.exists(base) else {}
+            for name, info in details.items():
+                if info.get("type", "file") == "file":
+                    stamp = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified")
+                    found[name] = {"size": int(info["size"]), "stamp": str(stamp).strip('"')}
+        else:
+            found = _local_listing(self.path)
+        if not found:
+            raise FileNotFoundError(
+                f"{self.description}: path {self.path!r} matches no file. Check the path (a folder, a glob such as "
+                "'corpus/*.bin', or a URL such as 's3://bucket/corpus/') and, for a URL, storage_options."
+            )
+        self._listing = dict(sorted(found.items()))
+        return self._listing
+
+    def identity(self, name: str) -> dict[str, Any]:
+        """``{"url", "size", "stamp"}`` of a listed file, as listed."""
+        return {"url": self.url(name), **self.listing()[name]}
+
+    def read_bytes(self, name: str, start: int = 0, length: int | None = None) -> bytes:
+        """Bytes ``[start, start + length)`` of a file (all of it from ``start`` when ``length`` is ``None``)."""
+        if not self.remote:
+            with open(name, "rb") as handle:
+                handle.seek(start)
+                return handle.read() if length is None else handle.read(length)
+        fs = self._fs()
+        end = None if length is None else start + length
+        return fs.cat_file(name, start=start, end=end)
+
+    def read_many(self, names: list[str]) -> dict[str, bytes]:
+        """Whole files at once (index files). Remote ones are fetched once per node, concurrently
+        (opening thousands of files costs about as many round trips as a few), and kept as copies
+        named by their identity, which later opens read."""
+        if not self.remote or not names:
+            return {name: self.read_bytes(name) for name in names}
+        copies = {name: self._copy_path(name) for name in names}
+        missing = [name for name in names if not self._is_copied(name, copies[name])]
+        found = self._fs().cat(missing, on_error="raise") if missing else {}
+        for name in missing:
+            self._keep(copies[name], found[name])
+        return {name: found[name] if name in found else copies[name].read_bytes() for name in names}
+
+    def _copy_path(self, name: str) -> Path:
+        """Where this node keeps its copy of remote file ``name`` (named by its URL and identity)."""
+        info = self.listing()[name]
+        key = hashlib.sha256(f"{self.url(name)}\0{info['size']}\0{info['stamp']}".encode()).hexdigest()[:20]
+        return self.local_dir / LOCAL_COPIES_FOLDER / key / Path(name).name
+
+    def _is_copied(self, name: str, target: Path) -> bool:
+        return target.is_file() and target.stat().st_size == self.listing()[name]["size"]
+
+    def _keep(self, target: Path, data: bytes) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        partial.write_bytes(data)
+        os.replace(partial, target)
+
+    def local(self, name: str) -> str:
+        """A local path of the file's bytes to memory-map: the file itself, or this node's copy
+        of a remote file (copied whole on first use, checked by size after)."""
+        if not self.remote:
+            return name
+        info = self.listing()[name]
+        target = self._copy_path(name)
+        if self._is_copied(name, target):
+            return str(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        self._fs().get_file(name, str(partial))
+        if partial.stat().st_size != info["size"]:
+            partial.unlink()
+            raise DataSourceError(
+                f"{self.description}: copying {self.url(name)} gave {partial.stat().st_size if partial.exists() else 0} "
+                f"bytes, {info['size']} were listed: the file changed while it was read. Run again once it is stable."
+            )
+        os.replace(partial, target)
+        return str(target)

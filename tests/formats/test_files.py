@@ -1,0 +1,48 @@
+"""Corpus locations: local folders and globs, and fsspec URLs on the S3 stand-in (files listed with
+their identity, copied once per node)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenized_writers import documents, megatron_documents, write_megatron
+
+from lightning_tune_data import TokenizedDatasetManager
+from lightning_tune_data.formats.files import LOCAL_COPIES_FOLDER, CorpusFiles
+
+
+def test_a_folder_a_glob_and_a_file_list_what_they_match(tmp_path: Path) -> None:
+    for name in ("a.bin", "b.bin", "sub/c.bin"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"12")
+    listed = lambda path: [Path(name).name for name in CorpusFiles(path, None, tmp_path, "s").listing()]  # noqa: E731
+    assert listed(str(tmp_path)) == ["a.bin", "b.bin", "c.bin"]
+    assert listed(str(tmp_path / "*.bin")) == ["a.bin", "b.bin"]
+    assert listed(str(tmp_path / "b.bin")) == ["b.bin"]
+    entry = CorpusFiles(str(tmp_path / "a.bin"), None, tmp_path, "s").identity(str(tmp_path / "a.bin"))
+    assert entry["size"] == 2 and entry["stamp"]
+
+
+def test_a_path_matching_nothing_fails_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"path '.*nothing/\*\.bin' matches no file"):
+        CorpusFiles(str(tmp_path / "nothing" / "*.bin"), None, tmp_path, "source 'x'").listing()
+
+
+def test_a_corpus_on_s3_is_listed_with_etags_copied_once_and_read_as_written(tmp_path: Path, s3) -> None:
+    write_megatron(tmp_path / "corpus" / "a", documents(20, seed=18))
+    for name in ("a.bin", "a.idx"):
+        s3.put(f"corpus/{name}", (tmp_path / "corpus" / name).read_bytes())
+    manager = TokenizedDatasetManager(f"{s3.url}/corpus/", storage_options=s3.storage_options)
+    corpus = manager.setup(None, tmp_path / "node")
+    assert [item["url"] for item in corpus.identity()] == [f"{s3.url}/corpus/a.bin", f"{s3.url}/corpus/a.idx"]
+    assert all(item["stamp"] for item in corpus.identity())
+    expected = megatron_documents(tmp_path / "corpus" / "a")
+    column = corpus.table().column("input_ids")
+    assert all(np.array_equal(column[i].values.to_numpy(), expected[i]) for i in range(20))
+    copies = list((tmp_path / "node" / LOCAL_COPIES_FOLDER).rglob("a.bin"))
+    assert len(copies) == 1
+    gets = s3.requests.gets("corpus/a.bin"), s3.requests.gets("corpus/a.idx")
+    manager.setup(None, tmp_path / "node")
+    assert (s3.requests.gets("corpus/a.bin"), s3.requests.gets("corpus/a.idx")) == gets  # both copies are reused

@@ -1,0 +1,58 @@
+"""LitData datasets written by LitData's BinaryWriter (what optimize runs), compared with its
+StreamingDataset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenized_writers import documents, litdata_documents, litdata_token_stream, write_litdata
+
+from lightning_tune_data import TokenizedDatasetManager
+from lightning_tune_data.managers import DataSourceError
+
+
+def rows(corpus) -> list[np.ndarray]:
+    column = corpus.table().column("input_ids")
+    return [column[i].values.to_numpy() for i in range(len(corpus))]
+
+
+def test_pytree_items_read_as_litdatas_streaming_dataset_reads_them(tmp_path: Path) -> None:
+    docs = documents(30, seed=12)
+    write_litdata(tmp_path / "corpus", docs, tokens_loader=False)
+    corpus = TokenizedDatasetManager(str(tmp_path / "corpus")).setup(None, tmp_path / "c")
+    theirs = litdata_documents(tmp_path / "corpus")
+    assert corpus.format == "litdata" and len(corpus.files) > 1
+    assert len(rows(corpus)) == len(theirs) == 30
+    assert all(np.array_equal(a, b) for a, b in zip(rows(corpus), theirs))
+
+
+def test_tokens_loader_chunks_are_read_in_place_one_document_per_item(tmp_path: Path) -> None:
+    docs = documents(30, seed=13)
+    write_litdata(tmp_path / "corpus", docs, tokens_loader=True)
+    corpus = TokenizedDatasetManager(str(tmp_path / "corpus")).setup(None, tmp_path / "c")
+    assert all(Path(entry.path).name.startswith("chunk-") for entry in corpus.files)  # no decoded copy
+    assert [r.tolist() for r in rows(corpus)] == [d.tolist() for d in docs]
+    assert np.array_equal(np.concatenate(rows(corpus)), litdata_token_stream(tmp_path / "corpus"))
+
+
+def test_compressed_chunks_are_refused_with_the_fix(tmp_path: Path) -> None:
+    write_litdata(tmp_path / "corpus", documents(5, seed=14), tokens_loader=True)
+    index = tmp_path / "corpus" / "index.json"
+    content = json.loads(index.read_text())
+    content["config"]["compression"] = "zstd"
+    index.write_text(json.dumps(content))
+    with pytest.raises(DataSourceError, match="compression=None"):
+        TokenizedDatasetManager(str(tmp_path / "corpus")).setup(None, tmp_path / "c")
+
+
+def test_int64_ids_left_unaligned_by_the_chunk_header_are_copied_out_once(tmp_path: Path) -> None:
+    docs = documents(9, seed=20)  # a chunk header of 4 * (items + 2) bytes: odd item counts misalign int64
+    write_litdata(tmp_path / "corpus", docs, tokens_loader=True, dtype=np.int64)
+    corpus = TokenizedDatasetManager(str(tmp_path / "corpus")).setup(None, tmp_path / "c")
+    assert corpus.dtype == "int64"
+    assert {Path(entry.path).name.startswith("chunk-") for entry in corpus.files} == {True, False}  # both kinds
+    assert [r.tolist() for r in rows(corpus)] == [d.tolist() for d in docs]
+    assert np.array_equal(np.concatenate(rows(corpus)), litdata_token_stream(tmp_path / "corpus"))

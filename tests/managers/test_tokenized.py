@@ -1,0 +1,130 @@
+"""TokenizedDatasetManager end to end: a real Trainer fit on a Megatron corpus mixed with a text
+source, resumed from a checkpoint bitwise; configured from YAML; never built by prepare."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import BatchRecorder, make_texts, write_jsonl
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+from tokenized_writers import EOS, documents, write_megatron
+
+from lightning_tune_data import LocalDatasetManager, TextDataModule, TokenizedDatasetManager
+from lightning_tune_data.datamodule.store_tasks import stored_sources
+from lightning_tune_data.keys import INPUT_IDS
+from lightning_tune_data.managers import DataSourceError
+from lightning_tune_data.managers.tokenized import AppendEos
+from lightning_tune_data.models import TinyCausalLM
+from lightning_tune_data.report.batches import datamodule_from_config
+
+CHECKPOINT_STEP, FINAL_STEP = 4, 9
+
+
+def corpus(root: Path) -> Path:
+    write_megatron(root / "megatron" / "web_text_document", documents(120, seed=21, longest=50))
+    write_jsonl(root / "text.jsonl", make_texts(60, seed=22))
+    return root
+
+
+def datamodule(root: Path, **options) -> TextDataModule:
+    managers = {"web": TokenizedDatasetManager(str(root / "megatron"), weight=0.6),
+                "text": LocalDatasetManager(data_files=str(root / "text.jsonl"), weight=0.4)}
+    settings = dict(max_seq_len=48, batch_size=4, seed=3, cache_dir=str(root / "cache"), mix_by="tokens")
+    return TextDataModule({"train": managers}, **{**settings, **options})
+
+
+def fit(root: Path, run: Path, ckpt_path: str | None = None, **options) -> BatchRecorder:
+    seed_everything(0)
+    recorder = BatchRecorder()
+    trainer = Trainer(accelerator="cpu", max_steps=FINAL_STEP, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0, default_root_dir=run,
+                      callbacks=[recorder, ModelCheckpoint(dirpath=run / "ckpt", every_n_train_steps=CHECKPOINT_STEP,
+                                                           save_top_k=-1)])
+    model = TinyCausalLM(vocab_size=1024, max_seq_len=48, d_model=16, n_layers=1, n_heads=2)
+    trainer.fit(model, datamodule=datamodule(root, **options), ckpt_path=ckpt_path)
+    return recorder
+
+
+@pytest.mark.parametrize(("packing", "num_workers"), [(None, 0), ("best_fit", 2)])
+def test_a_fit_on_a_megatron_corpus_and_a_text_source_resumes_bitwise(tmp_path: Path, packing, num_workers) -> None:
+    root = corpus(tmp_path)
+    full = fit(root, tmp_path / "full", packing=packing, num_workers=num_workers)
+    assert {name for provenance in full.provenance for name in provenance["source"]} == {"web", "text"}
+    [checkpoint] = (tmp_path / "full" / "ckpt").glob(f"*step={CHECKPOINT_STEP}.ckpt")
+    resumed = fit(root, tmp_path / "resumed", str(checkpoint), packing=packing, num_workers=num_workers)
+    assert resumed.steps == list(range(CHECKPOINT_STEP, FINAL_STEP))
+    for want, got in zip(full.batches[CHECKPOINT_STEP:], resumed.batches, strict=True):
+        for key in want:
+            if isinstance(want[key], torch.Tensor):
+                assert torch.equal(want[key], got[key]), key
+    web_ids = torch.cat([batch[INPUT_IDS].flatten() for batch in full.batches])
+    assert int(web_ids.max()) > 258  # ids only the Megatron corpus holds reached the model
+
+
+def test_a_yaml_config_builds_it_and_prepare_leaves_it_alone(tmp_path: Path) -> None:
+    root = corpus(tmp_path)
+    config = {"data": {"dataset_managers": {"train": {"web": {
+        "class_path": "lightning_tune_data.TokenizedDatasetManager",
+        "init_args": {"path": str(root / "megatron"), "format": "megatron", "weight": 2.0}}}},
+        "cache_dir": str(root / "cache")}}
+    built = datamodule_from_config(config)
+    manager = built.dataset_managers["train"]["web"]
+    assert isinstance(manager, TokenizedDatasetManager) and manager.format == "megatron" and manager.weight == 2.0
+    assert list(stored_sources(built)) == []
+    with pytest.raises(DataSourceError, match="format 'parquet' is not one of"):
+        TokenizedDatasetManager(str(root), format="parquet")
+
+
+def test_append_eos_ends_each_document_once() -> None:
+    append = AppendEos(EOS)
+    assert append({INPUT_IDS: np.array([1, 2], np.uint16)})[INPUT_IDS].tolist() == [1, 2, EOS]
+    assert append({INPUT_IDS: np.array([1, EOS], np.uint16)})[INPUT_IDS].tolist() == [1, EOS]
+    masked = append({INPUT_IDS: np.array([1]), "loss_mask": np.array([False])})
+    assert masked["loss_mask"].tolist() == [False, True]
+    manager = TokenizedDatasetManager("unused", append_eos=True)
+    with pytest.raises(DataSourceError, match="append_eos needs eos_id"):
+        manager.stream_transforms()
+    assert isinstance(TokenizedDatasetManager("unused", append_eos=True, eos_id=7).stream_transforms()["output_transform"],
+                      AppendEos)
+
+
+def test_every_readme_example_config_builds_the_manager_it_shows(tmp_path: Path) -> None:
+    import re
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Bring a tokenized corpus", 1)[1].split("\n## ", 1)[0]
+    examples = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", section, flags=re.S)]
+    assert len(examples) == 8
+    formats = []
+    for example in examples:
+        data = {key: value for key, value in example["data"].items() if key != "tokenizer"}
+        built = datamodule_from_config({"data": {**data, "cache_dir": str(tmp_path)}})
+        [manager] = built.dataset_managers["train"].values()
+        assert isinstance(manager, TokenizedDatasetManager)
+        formats.append(manager.format)
+    assert sorted(formats) == sorted(["megatron", "datatrove", "dolma", "nanogpt", "llmc", "litdata", "mds", "auto"])
+
+
+@pytest.mark.slow
+def test_under_ddp_every_rank_gets_equal_batches_of_disjoint_documents(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    write_megatron(tmp_path / "megatron" / "web", documents(200, seed=23, longest=50))
+    write_jsonl(tmp_path / "a.jsonl", make_texts(80, seed=24))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "tokenized_ddp_fit.py"
+    result = subprocess.run([sys.executable, str(script), str(tmp_path), str(tmp_path / "run"), "6"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / "run" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [len(rank["batches"]) for rank in ranks] == [6, 6] and all(rank["global_step"] == 6 for rank in ranks)
+    assert all(len(batch) == 4 for rank in ranks for batch in rank["batches"])
+    web = [{tuple(tokens) for batch in rank["batches"] for source, tokens in batch if source == "web"} for rank in ranks]
+    assert web[0] and web[1] and not web[0] & web[1]

@@ -72,7 +72,7 @@ FIXED_SETTINGS = ("sources", "seed", "max_seq_len", "packing", "stopping_strateg
 #: Settings that split the stream into shards; changing one takes the elastic path.
 LAYOUT_SETTINGS = ("world_size", "num_workers")
 #: Settings that may change: the mix follows the new values from the resume on.
-MIX_SETTINGS = ("weights", "mix_by")
+MIX_SETTINGS = ("weights", "mix_by", "mix_schedule")
 #: Opt-out named by every resume error.
 RESUME_OPT_OUT = (
     "To keep the model, optimizer and step but start the train data from the beginning, set "

@@ -29,8 +29,38 @@ __all__ = ["TrainMixture", "source_size"]
 logger = logging.getLogger(__name__)
 
 
-def source_size(manager: Any, dataset: Any, max_seq_len: int | None, overlong: str) -> SourceSize:
-    """A train source's documents per pass and mean tokens per document, as the stream hands them out.
+def pack_fill(lengths: Mapping[str, np.ndarray], weights: Mapping[str, float], strategy: str, max_seq_len: int,
+              buffer_size: int, seed: int = 0, documents: int = 8192) -> float:
+    """The share of a pack's ``max_seq_len`` tokens that ``strategy`` fills with documents drawn
+    from ``lengths`` in the document shares ``weights``: packed here once, from a seeded sample.
+
+    Args:
+        lengths: per source, its documents' token counts as the stream hands them out.
+        weights: per source, its share of documents.
+        strategy, max_seq_len, buffer_size: the packer's settings.
+        seed: seeds the sample (the same on every rank).
+        documents: documents packed.
+    """
+    from lightning_tune_data.packing.packer import IterablePackedDataset
+    from lightning_tune_data.sources.memory import InMemoryStream
+
+    rng = np.random.default_rng(seed)
+    names = [n for n in lengths if len(lengths[n]) and weights.get(n, 0) > 0]
+    if not names:
+        return 1.0
+    shares = np.asarray([weights[n] for n in names], dtype=float)
+    picks = rng.choice(len(names), size=documents, p=shares / shares.sum())
+    sample = [np.zeros(int(rng.choice(lengths[names[i]])), dtype=np.int32) for i in picks]
+    packer = IterablePackedDataset(InMemoryStream(sample, "fill", shuffle=False, num_passes=1), max_seq_len=max_seq_len,
+                                   strategy=strategy, buffer_size=buffer_size)
+    packs = [len(p["input_ids"]) for p in packer]
+    full = packs[: max(1, len(packs) - buffer_size)]  # the last packs were closed by the sample's end
+    return float(sum(full)) / (len(full) * max_seq_len)
+
+
+def source_size(manager: Any, dataset: Any, max_seq_len: int | None, overlong: str) -> tuple[SourceSize, np.ndarray]:
+    """A train source's documents per pass and mean tokens per document, as the stream hands them
+    out, and its documents' lengths (empty when unknown).
 
     Args:
         manager: the source's manager (its ``max_epochs`` / ``max_tokens`` caps).
@@ -39,16 +69,17 @@ def source_size(manager: Any, dataset: Any, max_seq_len: int | None, overlong: s
         overlong: ``"truncate"`` or ``"drop"`` a longer document.
     """
     caps = {"max_epochs": getattr(manager, "max_epochs", None), "max_tokens": getattr(manager, "max_tokens", None)}
+    none = np.zeros(0, dtype=np.int64)
     if dataset is None or getattr(manager, "streaming", False):
-        return SourceSize(None, None, **caps)
+        return SourceSize(None, None, **caps), none
     try:
         lengths = np.asarray(document_lengths(dataset), dtype=np.int64)
     except (TypeError, ValueError, AttributeError, KeyError):  # a store without a length column
-        return SourceSize(len(dataset), None, **caps)
+        return SourceSize(len(dataset), None, **caps), none
     if max_seq_len is not None:
         lengths = lengths[lengths <= max_seq_len] if overlong == "drop" else np.minimum(lengths, max_seq_len)
     lengths = lengths[lengths > 0]
-    return SourceSize(int(len(lengths)), float(lengths.mean()) if len(lengths) else None, **caps)
+    return SourceSize(int(len(lengths)), float(lengths.mean()) if len(lengths) else None, **caps), lengths
 
 
 class TrainMixture:
@@ -70,6 +101,7 @@ class TrainMixture:
             self.schedule.resolved(self.names, 1.0)  # names and weights are checked now, positions at setup
         self.plan: MixturePlan | None = None
         self.counts_per_step = 1.0
+        self.fill = 1.0
 
     @property
     def active(self) -> bool:
@@ -87,7 +119,8 @@ class TrainMixture:
 
     def prepare(self, dataset_of: Callable[[str], Any], *, max_steps: int | None, world_size: int, batch_size: int,
                 accumulate: int, packing: str | None, max_seq_len: int, source_max_len: int | None,
-                overlong: str, loggers: list[Any] | None = None) -> MixturePlan | None:
+                overlong: str, buffer_size: int = 64, seed: int = 0,
+                loggers: list[Any] | None = None) -> MixturePlan | None:
         """Plan the run and keep its timeline (nothing when :attr:`active` is false).
 
         Args:
@@ -98,6 +131,7 @@ class TrainMixture:
             max_seq_len: tokens per row.
             source_max_len: the sources' length limit (``None`` when the packer splits documents).
             overlong: ``"truncate"`` or ``"drop"``.
+            buffer_size, seed: the packer's open packs, and the seed of the sample that measures its fill.
             loggers: the Trainer's loggers, which get the plan's numbers.
 
         Raises:
@@ -106,11 +140,19 @@ class TrainMixture:
         """
         if not self.active:
             return None
-        sizes = {n: source_size(m, dataset_of(n), source_max_len, overlong) for n, m in self.managers.items()}
+        measured = {n: source_size(m, dataset_of(n), source_max_len, overlong) for n, m in self.managers.items()}
+        sizes = {n: size for n, (size, _) in measured.items()}
         step_count: MixBy = "documents" if packing is None else "tokens"
-        self.counts_per_step = float(world_size * batch_size * accumulate * (1 if packing is None else max_seq_len))
         schedule = self.schedule or MixSchedule.from_config(
             {"points": [{"at": 0, "weights": {n: float(m.weight) for n, m in self.managers.items()}}]})
+        self.fill = 1.0
+        if packing is not None:  # a step is a batch of packs as full as the packer fills them
+            first = dict(zip(self.names, schedule.resolved(self.names, 1.0)[0][1]))
+            if self.mix_by == "tokens":
+                first = {n: w / (sizes[n].mean_tokens or 1.0) for n, w in first.items()}
+            self.fill = pack_fill({n: lengths for n, (_, lengths) in measured.items()}, first, packing, max_seq_len,
+                                  buffer_size, seed)
+        self.counts_per_step = float(world_size * batch_size * accumulate) * (1 if packing is None else max_seq_len * self.fill)
         if schedule.unit == "steps":
             count, per_position, run_length = step_count, self.counts_per_step, max_steps
         else:
@@ -179,7 +221,8 @@ class TrainMixture:
             accumulate=int(getattr(trainer, "accumulate_grad_batches", 1) or 1), packing=datamodule.packing,
             max_seq_len=datamodule.max_seq_len,
             source_max_len=None if packing_splits_documents(datamodule.packing) else datamodule.max_seq_len,
-            overlong=datamodule.overlong, loggers=list(getattr(trainer, "loggers", None) or []))
+            overlong=datamodule.overlong, buffer_size=datamodule.packing_buffer_size, seed=datamodule.seed,
+            loggers=list(getattr(trainer, "loggers", None) or []))
 
     def timeline_for(self, datamodule: Any) -> WeightTimeline | None:
         """The timeline to draw by, planned now without a Trainer if ``setup`` has not (``None``: fixed weights).

@@ -23,10 +23,13 @@ from lightning_tune_data.mixing.schedule import DrawSchedule
 from lightning_tune_data.mixing.timeline import WeightTimeline
 from lightning_tune_data.settings import StreamSettings
 
-__all__ = ["ScheduledDraws", "TIMING_KEY"]
+__all__ = ["ScheduledDraws", "TIMING_KEY", "SCHEDULED_JITTER_DRAWS"]
 
 logger = logging.getLogger(__name__)
 
+#: The jitter of a scheduled rule, in draws' worth (the fixed-weight rule's is ``JITTER_DRAWS``): smaller,
+#: so that the realised shares follow a moving target closely over short stretches of the run.
+SCHEDULED_JITTER_DRAWS = 8.0
 #: State key of the scheduled rule's entries (see :meth:`ScheduledDraws.timing_state`).
 TIMING_KEY = "timing"
 _TARGETS, _MARK, _QUANTUM, _WEIGHTS = "targets", "mark", "quantum", "weights"
@@ -141,7 +144,7 @@ class ScheduledDraws(DrawSchedule):
         per_draw = 1.0
         if unit == 1 and self.draws:
             per_draw = max(1.0, self.total_tokens / self.draws)
-        jitter = 32.0 * per_draw
+        jitter = SCHEDULED_JITTER_DRAWS * per_draw
         consumed, targets = self.consumed, self.targets
         best, best_score = candidates[0][0], math.inf
         for i, inverse_weight in candidates:

@@ -84,6 +84,7 @@ class BatchReport:
         preview_origin: ``(batch, row)`` of each previewed row.
         notes: what explains the numbers (the end-of-fit table's notes): documents drawn with no
             target token, and documents held in open packs.
+        plan: the mixture plan's table, when the datamodule has a schedule or caps (else ``""``).
     """
 
     sources: list[str]
@@ -100,6 +101,7 @@ class BatchReport:
     preview: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     preview_origin: list[tuple[int, int]] = field(default_factory=list)
+    plan: str = ""
 
     @property
     def batches(self) -> int:
@@ -198,4 +200,6 @@ def collect(datamodule: TextDataModule, batches: int, preview_rows: int = 3) -> 
         del iterator  # stops the loader's workers
     report.metrics = aggregator.compute(distributed=False)
     report.notes = mix_notes(report.metrics, aggregator.stream_name, datamodule, world_size=1)
+    plan = getattr(getattr(datamodule, "mixture", None), "plan", None)
+    report.plan = plan.table() if plan is not None else ""
     return report

@@ -223,3 +223,31 @@ def test_ddp_realised_share_follows_the_schedule_in_every_5_percent_window(long_
         provenances = [p for r in ranks for p in r["provenance"][w * window:(w + 1) * window]]
         target = sum(ranks[0]["targets"][w * window:(w + 1) * window]) / window
         assert share_of_a(provenances, mix_by) == pytest.approx(target, abs=0.02), f"window {w}"
+
+
+def test_the_target_is_logged_next_to_the_realised_share_and_the_report_plots_it(corpus_dir, tmp_path, capsys):
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lightning_tune_data import DatasetMetricsCallback
+    from lightning_tune_data.report.write import read_metrics_csv, write_metrics_report
+
+    seed_everything(0)
+    logger = CSVLogger(tmp_path / "logs", name="run")
+    trainer = Trainer(accelerator="cpu", max_steps=20, logger=logger, log_every_n_steps=5, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0, enable_checkpointing=False,
+                      callbacks=[DatasetMetricsCallback(log_every_n_steps=5, window=5)])
+    dm = datamodule(corpus_dir)
+    trainer.fit(Still(), datamodule=dm)
+    csv_path = Path(logger.log_dir) / "metrics.csv"
+    rows = read_metrics_csv(csv_path)
+    targets = [(row["step"], row["mix/a/target"]) for row in rows if "mix/a/target" in row]
+    assert len(targets) >= 3 and all("dataset/a/window_share" in r for r in rows if "mix/a/target" in r)
+    for step, target in targets:
+        assert target == pytest.approx(dm.mixture.targets_at(step)["a"])
+    assert targets[0][1] > targets[-1][1] + 0.4  # the target moves from 0.9 towards 0.1
+    assert any("plan/b/epochs" in row for row in rows)
+    table = capsys.readouterr().out
+    assert "Data mix" in table and f"{100 * dm.mixture.targets_at(19)['b']:.1f}%" in table  # the last targets
+    report = write_metrics_report(csv_path, tmp_path / "report").read_text()
+    assert "## Mixture plan" in report and "## Mixture schedule: target vs realised" in report
+    assert (tmp_path / "report" / "schedule.png").stat().st_size > 1000

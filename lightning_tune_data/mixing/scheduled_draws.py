@@ -19,7 +19,7 @@ from typing import Any
 
 from lightning_tune_data.distributed import current_shard
 from lightning_tune_data.keys import MIX_BY, MixBy
-from lightning_tune_data.mixing.schedule import DrawSchedule
+from lightning_tune_data.mixing.schedule import WEIGHTS_KEY, DrawSchedule
 from lightning_tune_data.mixing.timeline import WeightTimeline
 from lightning_tune_data.settings import StreamSettings
 
@@ -179,7 +179,8 @@ class ScheduledDraws(DrawSchedule):
 
     def state_entries(self, timing: list[Any] | None) -> dict[str, Any]:
         """The timing entry of the mixture's state (``timing``: a :meth:`timing_values` record)."""
-        return {TIMING_KEY: self.timing_state(timing)}
+        state = self.timing_state(timing)
+        return {TIMING_KEY: state, WEIGHTS_KEY: dict(state[_WEIGHTS])}  # the weights in effect at that draw
 
     def merged(self, owns: list[dict[str, Any]]) -> dict[str, Any]:
         """The old shards' accounts and timing, merged (what a new layout splits)."""

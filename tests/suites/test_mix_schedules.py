@@ -251,3 +251,50 @@ def test_the_target_is_logged_next_to_the_realised_share_and_the_report_plots_it
     report = write_metrics_report(csv_path, tmp_path / "report").read_text()
     assert "## Mixture plan" in report and "## Mixture schedule: target vs realised" in report
     assert (tmp_path / "report" / "schedule.png").stat().st_size > 1000
+
+
+ANNEAL_YAML = """
+seed_everything: 0
+trainer:
+  accelerator: cpu
+  max_steps: 10
+  logger: false
+  enable_checkpointing: false
+  enable_progress_bar: false
+  enable_model_summary: false
+model:
+  class_path: lightning_tune_data.models.TinyCausalLM
+  init_args: {d_model: 16, n_layers: 1, n_heads: 2}
+data:
+  max_seq_len: 64
+  batch_size: 4
+  cache_dir: CACHE
+  mix_by: tokens
+  packing: best_fit
+  dataset_managers:
+    train:
+      a:
+        class_path: lightning_tune_data.LocalDatasetManager
+        init_args: {data_files: CORPUS/a.jsonl}
+      b:
+        class_path: lightning_tune_data.LocalDatasetManager
+        init_args: {data_files: CORPUS/b.jsonl, max_epochs: 3, max_tokens: 20k}
+  mix_schedule:
+    unit: steps
+    interpolation: cosine
+    points:
+      - {at: 0, weights: {a: 0.8, b: 0.2}}
+      - {at: 0.8, weights: {a: 0.8, b: 0.2}}
+      - {at: 1.0, weights: {a: 0.3, b: 0.7}}
+"""
+
+
+@pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
+def test_a_yaml_mix_schedule_and_caps_run_through_the_cli(corpus_dir, tmp_path, capsys):
+    from lightning_tune_data.cli import run_cli
+
+    config = tmp_path / "anneal.yaml"
+    config.write_text(ANNEAL_YAML.replace("CACHE", str(tmp_path / "cache")).replace("CORPUS", str(corpus_dir)))
+    run_cli(["fit", "--config", str(config)])
+    out = capsys.readouterr().out
+    assert "Mixture plan (over 10 steps)" in out and "3 epochs / 20k tokens" in out

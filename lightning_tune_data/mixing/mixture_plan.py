@@ -217,15 +217,16 @@ def _first_cap(rows: list[SourcePlan], shares: Sequence[float], caps: Sequence[f
         if names[i] in already_cut or share <= 0 or math.isinf(cap):
             continue
         need = (cap - row.documents) / share
-        if need < span_docs and (best is None or need / span_docs < best[1]):
+        if need <= span_docs and span_docs > 0 and (best is None or need / span_docs < best[1]):
             best = (i, max(0.0, need / span_docs) if span_docs > 0 else 0.0)
     return best
 
 
 def _until_caps(rows: list[SourcePlan], shares: Sequence[float], caps: Sequence[float]) -> float:
-    """Documents until the last capped source in the mix reaches its cap (0: some source never does)."""
+    """Documents until the last capped source in the mix reaches its cap (0: none has a cap)."""
     need = [(cap - row.documents) / share for row, share, cap in zip(rows, shares, caps) if share > 0]
-    return max(need) if need and all(math.isfinite(n) for n in need) else 0.0
+    finite = [n for n in need if math.isfinite(n)]
+    return max(finite) if finite else 0.0
 
 
 def _count(value: Any) -> str:

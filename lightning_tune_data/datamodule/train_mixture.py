@@ -102,6 +102,8 @@ class TrainMixture:
         self.plan: MixturePlan | None = None
         self.counts_per_step = 1.0
         self.fill = 1.0
+        #: The run's length when no Trainer gives one (a report drawing batches of a fit's config).
+        self.run_steps: int | None = None
 
     @property
     def active(self) -> bool:
@@ -215,6 +217,7 @@ class TrainMixture:
         if stage not in ("fit", None) or datamodule.train_mode != "stream" or not datamodule._datasets["train"]:
             return None
         max_steps = getattr(trainer, "max_steps", None)
+        max_steps = max_steps if max_steps and max_steps > 0 else self.run_steps
         return self.prepare(
             lambda name: datamodule._datasets["train"].get(name), max_steps=max_steps if max_steps and max_steps > 0 else None,
             world_size=int(getattr(trainer, "world_size", 1) or 1), batch_size=datamodule.batch_size,

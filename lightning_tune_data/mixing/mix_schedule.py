@@ -118,7 +118,7 @@ class MixSchedule:
 
     def uses_fractions(self) -> bool:
         """Whether some point sits at a fraction of the run (which needs ``max_steps``)."""
-        return any(_position(p.at, "")[1] for p in self.points)
+        return any(fraction and value > 0 for value, fraction in (_position(p.at, "") for p in self.points))
 
     def resolved(self, names: Sequence[str], run_length: float | None) -> list[tuple[float, list[float]]]:
         """``(position, normalised weights in ``names`` order)`` per point, positions in the unit.
@@ -135,7 +135,7 @@ class MixSchedule:
                 raise ValueError(f"{where}.weights: {unknown} are not train sources (they are {list(names)}); "
                                  "name train sources only.")
             value, fraction = _position(point.at, where)
-            if fraction:
+            if fraction and value > 0:  # 0 is the start of any run
                 if run_length is None:
                     raise ValueError(f"{where}.at: {point.at!r} is a fraction of the run, but the run's length is "
                                      "unknown here; set the Trainer's max_steps, or give `at` as a count.")

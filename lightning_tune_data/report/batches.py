@@ -62,7 +62,11 @@ def datamodule_from_config(config: str | Path | Mapping[str, Any], cache_dir: st
     parser = LightningArgumentParser(exit_on_error=False)
     parser.add_lightning_class_args(TextDataModule, "data", subclass_mode=False)
     parsed = parser.parse_object({"data": data})
-    return parser.instantiate_classes(parsed).data
+    datamodule = parser.instantiate_classes(parsed).data
+    max_steps = ((loaded or {}).get("trainer") or {}).get("max_steps")
+    if isinstance(max_steps, int) and max_steps > 0:  # a mixture schedule's fractions are of this run
+        datamodule.mixture.run_steps = max_steps
+    return datamodule
 
 
 @dataclass

@@ -162,7 +162,7 @@ def warn_no_data_state(owner: str, ckpt_path: Any) -> None:
 
 
 def _changes(saved: dict[str, Any], current: dict[str, Any], keys: tuple[str, ...], before: str = "") -> str:
-    return "; ".join(f"{key}: {before}{saved.get(key)!r} -> {'now ' if before else ''}{current[key]!r}" for key in keys)
+    return "; ".join(f"{key}: {before}{saved.get(key)!r} -> {'now ' if before else ''}{current.get(key)!r}" for key in keys)
 
 
 class TrainResume:
@@ -212,7 +212,7 @@ class TrainResume:
                 f"Cannot resume the train data: the data config changed ({_changes(saved, signature, fixed, 'checkpoint ')}), "
                 f"so the saved positions mean something else now. Restore those settings to resume. {RESUME_OPT_OUT}"
             )
-        mix = tuple(key for key in MIX_SETTINGS if saved.get(key) != signature[key])
+        mix = tuple(key for key in MIX_SETTINGS if saved.get(key) != signature.get(key))
         if mix:
             rank_zero_warn(
                 f"Train source weights changed ({_changes(saved, signature, mix)}). Resuming each source where it was; "

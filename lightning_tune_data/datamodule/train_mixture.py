@@ -75,7 +75,10 @@ def source_size(manager: Any, dataset: Any, max_seq_len: int | None, overlong: s
     try:
         lengths = np.asarray(document_lengths(dataset), dtype=np.int64)
     except (TypeError, ValueError, AttributeError, KeyError):  # a store without a length column
-        return SourceSize(len(dataset), None, **caps), none
+        try:
+            return SourceSize(len(dataset), None, **caps), none
+        except TypeError:
+            return SourceSize(None, None, **caps), none
     if max_seq_len is not None:
         lengths = lengths[lengths <= max_seq_len] if overlong == "drop" else np.minimum(lengths, max_seq_len)
     lengths = lengths[lengths > 0]
@@ -144,6 +147,11 @@ class TrainMixture:
             return None
         measured = {n: source_size(m, dataset_of(n), source_max_len, overlong) for n, m in self.managers.items()}
         sizes = {n: size for n, (size, _) in measured.items()}
+        for name, size in sizes.items():
+            if (size.max_epochs is not None and not size.documents) or (size.max_tokens is not None and not size.mean_tokens):
+                raise ValueError(f"TextDataModule.dataset_managers.train.{name}: its size is unknown here (a streamed "
+                                 "source), so its max_epochs / max_tokens cap cannot be planned; remove the cap or "
+                                 "cache the source.")
         step_count: MixBy = "documents" if packing is None else "tokens"
         schedule = self.schedule or MixSchedule.from_config(
             {"points": [{"at": 0, "weights": {n: float(m.weight) for n, m in self.managers.items()}}]})

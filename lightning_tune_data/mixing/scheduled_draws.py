@@ -19,7 +19,7 @@ from typing import Any
 
 from lightning_tune_data.distributed import current_shard
 from lightning_tune_data.keys import MIX_BY, MixBy
-from lightning_tune_data.mixing.schedule import WEIGHTS_KEY, DrawSchedule
+from lightning_tune_data.mixing.schedule import BLOCK_SIZE, WEIGHTS_KEY, DrawSchedule
 from lightning_tune_data.mixing.timeline import WeightTimeline
 from lightning_tune_data.settings import StreamSettings
 
@@ -134,9 +134,14 @@ class ScheduledDraws(DrawSchedule):
 
     def draw(self, candidates: list[tuple[int, float]], uniforms: list[Any]) -> int:
         """One draw at the current position (``candidates`` is ignored: the quantum's own are used)."""
-        if self.amount(self.clock) >= self._next:
+        if (self.total_tokens if self.clock else self.total_documents) >= self._next:
             self._advance()
-        return super().draw(self._candidates, uniforms)
+        block, row = divmod(self.draws, BLOCK_SIZE)
+        if block != uniforms[0]:
+            uniforms[0], uniforms[1] = block, self.block_uniforms(block).tolist()
+        index = self.choose(self._candidates, uniforms[1][row])
+        self.draws += 1
+        return index
 
     def choose(self, candidates: list[tuple[int, float]], jitter_row: list[float]) -> int:
         """The candidate with the smallest ``(account - target) / weight`` plus jitter."""
@@ -154,9 +159,13 @@ class ScheduledDraws(DrawSchedule):
         return best
 
     def count(self, index: int, tokens: int) -> list[float]:
-        """Add one drawn document to child ``index``'s account (and the clock's sums)."""
+        """Add one drawn document of ``tokens`` tokens to child ``index``'s account (and the clock's sums)."""
+        account = self.consumed[index]
+        account[0] += 1
+        account[1] += tokens
+        self.total_tokens += tokens
         self.total_documents += 1
-        return super().count(index, tokens)
+        return account
 
     # -- state --------------------------------------------------------------------------------
     def timing_values(self) -> list[Any]:

@@ -283,7 +283,7 @@ class TextDataModule(LightningDataModule):
         """What a checkpoint's data state depends on; compared on resume."""
         _, world_size = current_rank_and_world_size()
         return {**data_signature(
-            sources=list(self._managers("train")), weights=self.train_source_weights, mix_by=self.mix_by,
+            sources=list(self._managers("train")), weights=self.mixture.fixed(self.train_source_weights), mix_by=self.mix_by,
             seed=self.seed, max_seq_len=self.max_seq_len, batch_size=self.batch_size, num_workers=self.num_workers,
             world_size=world_size, packing=self.packing, stopping_strategy=self.stopping_strategy,
             train_mode=self.train_mode), "mix_schedule": self.mixture.describe()}

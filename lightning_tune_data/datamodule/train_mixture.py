@@ -115,6 +115,10 @@ class TrainMixture:
             getattr(m, "max_epochs", None) is not None or getattr(m, "max_tokens", None) is not None
             for m in self.managers.values())
 
+    def fixed(self, weights: dict[str, float]) -> dict[str, float]:
+        """``weights`` (the managers') where they are the mix, ``{}`` where a schedule replaces them."""
+        return {} if self.schedule is not None else weights
+
     def describe(self) -> str | None:
         """The schedule and caps as text (what a checkpoint compares; ``None``: fixed weights)."""
         if not self.active:

@@ -1,10 +1,12 @@
 """One DDP fit (2 CPU ranks x 2 workers, gloo) over a linear mixture schedule, recording each rank's batches.
 
 Usage: python schedule_ddp_fit.py CORPUS_DIR RUN_DIR MAX_STEPS PACKING MIX_BY [CKPT_PATH]
+(``SCHEDULE_SWITCH_AT=N`` in the environment: all ``a`` until step N, all ``b`` from it, instead.)
 Each rank writes RUN_DIR/rank<r>.json: the input_ids and provenance of every batch its model trained
 on, and the schedule's target share of source ``a`` at every step.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -49,7 +51,10 @@ def main() -> None:
     corpus, run_dir, max_steps = Path(corpus), Path(run_dir), int(max_steps)
     seed_everything(0)
     long = max_steps > 50
-    datamodule = two_source_datamodule(corpus, 2, packing, mix_schedule=LINEAR, mix_by=mix_by,
+    switch = os.environ.get("SCHEDULE_SWITCH_AT")
+    schedule = LINEAR if switch is None else {"unit": "steps", "interpolation": "step", "points": [
+        {"at": 0, "weights": {"a": 1.0, "b": 0.0}}, {"at": int(switch), "weights": {"a": 0.0, "b": 1.0}}]}
+    datamodule = two_source_datamodule(corpus, 2, packing, mix_schedule=schedule, mix_by=mix_by,
                                        **({"max_seq_len": 512, "batch_size": 16} if long else {}))
     recorder = Recorder()
     trainer = ddp_trainer(max_steps=max_steps, limit_val_batches=0, default_root_dir=run_dir, callbacks=[

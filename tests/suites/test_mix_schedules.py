@@ -5,6 +5,7 @@ against a counted run, and the realised share per 5% window of the run.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -201,9 +202,11 @@ def test_the_realised_share_follows_the_schedule_in_every_5_percent_window(long_
         assert realised == pytest.approx(target, abs=0.02), f"window {w}: realised {realised:.3f}, target {target:.3f}"
 
 
-def run_ddp(corpus: Path, run_dir: Path, steps: int, packing: str, mix_by: str, ckpt: str | None = None) -> list[dict]:
+def run_ddp(corpus: Path, run_dir: Path, steps: int, packing: str, mix_by: str, ckpt: str | None = None,
+            switch_at: int | None = None) -> list[dict]:
     args = [sys.executable, str(SCRIPT), str(corpus), str(run_dir), str(steps), packing, mix_by] + ([ckpt] if ckpt else [])
-    result = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    env = {**os.environ, **({"SCHEDULE_SWITCH_AT": str(switch_at)} if switch_at is not None else {})}
+    result = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     return [json.loads((run_dir / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
@@ -215,6 +218,16 @@ def test_ddp_resume_mid_interpolation_is_exact_on_every_rank(corpus_dir, tmp_pat
     resumed = run_ddp(corpus_dir, tmp_path / "resumed", 12, "best_fit", "tokens", ckpt)
     for rank, (want, got) in enumerate(zip(full, resumed)):
         assert got["batches"] == want["batches"][5:], f"rank {rank} resumed on different data"
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_then_one_continue_the_schedule_where_it_was(corpus_dir, tmp_path):
+    run_ddp(corpus_dir, tmp_path / "ddp", 5, "none", "documents", switch_at=10)
+    with pytest.warns(UserWarning, match="new layout"):
+        resumed, _ = fit(corpus_dir, tmp_path / "one", 16, ckpt_path=checkpoint(tmp_path / "ddp", 5),
+                         mix_schedule=switch_at(10))
+    sources = [set(p["source"]) for p in resumed.provenance]  # steps 5..15 on one rank
+    assert all(s == {"a"} for s in sources[:3]) and all(s == {"b"} for s in sources[6:])
 
 
 @pytest.mark.slow

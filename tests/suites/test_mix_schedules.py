@@ -275,6 +275,7 @@ seed_everything: 0
 trainer:
   accelerator: cpu
   max_steps: 10
+  default_root_dir: RUNDIR
   logger: false
   enable_checkpointing: false
   enable_progress_bar: false
@@ -311,7 +312,9 @@ def test_a_yaml_mix_schedule_and_caps_run_through_the_cli(corpus_dir, tmp_path, 
     from lightning_tune_data.cli import run_cli
 
     config = tmp_path / "anneal.yaml"
-    config.write_text(ANNEAL_YAML.replace("CACHE", str(tmp_path / "cache")).replace("CORPUS", str(corpus_dir)))
+    config.write_text(ANNEAL_YAML.replace("CACHE", str(tmp_path / "cache")).replace("CORPUS", str(corpus_dir))
+                      .replace("RUNDIR", str(tmp_path / "run")))
     run_cli(["fit", "--config", str(config)])
     out = capsys.readouterr().out
     assert "Mixture plan (over 10 steps)" in out and "3 epochs / 20k tokens" in out
+    assert (tmp_path / "run" / "config.yaml").is_file()  # the CLI's config copy lands in the run, not the checkout

@@ -25,6 +25,9 @@ from lightning_tune_data.sources.base import TuneIterableDataset
 from lightning_tune_data.sources.hf_streaming import HFStreamingSource
 from lightning_tune_data.mixing.interleave import InterleavedDataset
 from lightning_tune_data.mixing.interleave_datasets import interleave_datasets
+from lightning_tune_data.mixing.mix_schedule import MixPoint, MixSchedule
+from lightning_tune_data.mixing.mixture_plan import MixturePlan
+from lightning_tune_data.mixing.timeline import WeightTimeline
 from lightning_tune_data.packing.packer import IterablePackedDataset
 from lightning_tune_data.tokenizers import ByteTokenizer, TokenizerFileTokenizer, TransformersTokenizer
 
@@ -44,6 +47,9 @@ __all__ = [
     "LocalDatasetManager",
     "MetricCollector",
     "MetricSpec",
+    "MixPoint",
+    "MixSchedule",
+    "MixturePlan",
     "PackedCollator",
     "PaddedCollator",
     "SourceLossSplit",
@@ -56,6 +62,7 @@ __all__ = [
     "TransformersTokenizer",
     "TuneIterableDataset",
     "UnconditionalGenerationDatasetManager",
+    "WeightTimeline",
     "interleave_datasets",
     "shifted_labels",
     "split_loss_by_source",

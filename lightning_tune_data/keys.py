@@ -80,3 +80,11 @@ TOKEN_DTYPES: tuple[str, ...] = TokenDtype.__args__
 #: A document of a store read shard by shard is at ``shard << SHARD_BITS | position in that
 #: shard's flat token values`` (a shard's values span less than 2**40 items).
 SHARD_BITS = 40
+
+ScheduleUnit = Literal["steps", "tokens"]
+#: What the ``at`` of a mixture schedule's point counts: optimizer steps, or train tokens drawn.
+SCHEDULE_UNITS: tuple[str, ...] = ScheduleUnit.__args__
+
+Interpolation = Literal["step", "linear", "cosine"]
+#: How a mixture schedule's weights go from one point to the next.
+INTERPOLATIONS: tuple[str, ...] = Interpolation.__args__

@@ -38,6 +38,7 @@ from lightning_tune_data.datamodule.manager_data import (
 )
 from lightning_tune_data.datamodule.splits import SPLITS, dataloader_name, dataloader_names, tell_managers_their_names
 from lightning_tune_data.datamodule.stage_checks import check_stage, check_train_documents, trainer_is_evaluating
+from lightning_tune_data.datamodule.train_mixture import TrainMixture
 from lightning_tune_data.datamodule.train_stream import TrainStreamConfig, normalised_weights
 from lightning_tune_data.datamodule.validation import validated_managers
 from lightning_tune_data.distributed import current_rank_and_world_size
@@ -46,6 +47,7 @@ from lightning_tune_data.loading.checkpoint import TrainResume, data_signature, 
 from lightning_tune_data.loading.loaders import LoaderOptions, MapStyleDocuments, build_train_loader
 from lightning_tune_data.loading.resumable_loader import ResumableLoader
 from lightning_tune_data.managers import DatasetManager
+from lightning_tune_data.mixing.mix_schedule import MixSchedule
 from lightning_tune_data.packing import PackingName
 from lightning_tune_data.sources.base import TuneIterableDataset
 from lightning_tune_data.tokenizers import ByteTokenizer, Tokenizer
@@ -105,6 +107,7 @@ class TextDataModule(LightningDataModule):
         shuffle_window: shards a budgeted store's shuffle mixes at once (default: budget's / 4).
         build_stores: ``prepare_data`` tokenizes a missing store (``"if_missing"``) or fails naming it
             (``"never"``); ``"auto"``: never for a remote ``cache_dir``, if_missing for a local one.
+        mix_schedule: train weights that change over the run (``MixSchedule``); ``None``: the managers' weights.
     """
 
     def __init__(
@@ -138,6 +141,7 @@ class TextDataModule(LightningDataModule):
         cache_budget: int | str | None = None,
         shuffle_window: int | None = None,
         build_stores: BuildStores = "auto",
+        mix_schedule: MixSchedule | None = None,
     ) -> None:
         super().__init__()
         self.prepare_data_per_node = prepare_data_per_node
@@ -151,12 +155,9 @@ class TextDataModule(LightningDataModule):
                                                shard_size, cache_budget, shuffle_window, build_stores)
         self.cache_dir = self.store_root.url if self.store_root.is_remote else self.store_root.local_path()
         self.cache_verify = cache_verify
-        self.packing = packing
-        self.packing_buffer_size = packing_buffer_size
-        self.overlong = overlong
+        self.packing, self.packing_buffer_size, self.overlong = packing, packing_buffer_size, overlong
         self.stopping_strategy = multidataset_stopping_strategy
-        self.train_mode = train_mode
-        self.pad_to_multiple_of = pad_to_multiple_of
+        self.train_mode, self.pad_to_multiple_of = train_mode, pad_to_multiple_of
         self.eval_num_workers = num_workers if eval_num_workers is None else eval_num_workers
         self.train_stream_name = train_stream_name
         self.mix_by = mix_by
@@ -166,6 +167,7 @@ class TextDataModule(LightningDataModule):
             num_workers=num_workers, packing=packing, stopping_strategy=multidataset_stopping_strategy,
             train_mode=train_mode, overlong=overlong, mix_by=mix_by, cache_verify=cache_verify)
         tell_managers_their_names(self.dataset_managers)
+        self.mixture = TrainMixture(mix_schedule, self._managers("train"), mix_by)
         self.train_options = LoaderOptions(batch_size, num_workers, pin_memory, prefetch_factor, persistent_workers)
         self.eval_options = replace(self.train_options, batch_size=self.eval_batch_size, num_workers=self.eval_num_workers)
         self._datasets: dict[str, dict[str, Any]] = {split: {} for split in SPLITS}
@@ -212,6 +214,7 @@ class TextDataModule(LightningDataModule):
         if self._datasets["train"] and not self._overlong_checked:  # one pass over the cached columns, once
             self._overlong_checked = check_train_documents(self._datasets["train"], self._managers("train"),
                                                            self.max_seq_len, self.overlong, self.packing)
+        self.mixture.prepare_for(self, getattr(self, "trainer", None), stage)  # the plan of a train mixture
 
     def teardown(self, stage: str | None = None) -> None:
         """Let go of the shard cache's threads, pins and mappings of every dataset (``stage``: the stage that ended)."""
@@ -230,7 +233,8 @@ class TextDataModule(LightningDataModule):
         config = TrainStreamConfig(
             seed=self.seed, max_seq_len=self.max_seq_len, overlong=self.overlong,
             stopping_strategy=self.stopping_strategy, mix_by=self.mix_by, stream_name=self.train_stream_name,
-            packing=self.packing, packing_buffer_size=self.packing_buffer_size, num_workers=self.num_workers)
+            packing=self.packing, packing_buffer_size=self.packing_buffer_size, num_workers=self.num_workers,
+            timeline=self.mixture.timeline_for(self))
         return config.build(self._managers("train"), partial(self.dataset, "train"), rank, world_size)
 
     def train_collator(self) -> PaddedCollator | PackedCollator:
@@ -285,11 +289,11 @@ class TextDataModule(LightningDataModule):
     def data_signature(self) -> dict[str, Any]:
         """What a checkpoint's data state depends on; compared on resume."""
         _, world_size = current_rank_and_world_size()
-        return data_signature(
-            sources=list(self._managers("train")), weights=self.train_source_weights, mix_by=self.mix_by,
+        return {**data_signature(
+            sources=list(self._managers("train")), weights=self.mixture.fixed(self.train_source_weights), mix_by=self.mix_by,
             seed=self.seed, max_seq_len=self.max_seq_len, batch_size=self.batch_size, num_workers=self.num_workers,
             world_size=world_size, packing=self.packing, stopping_strategy=self.stopping_strategy,
-            train_mode=self.train_mode)
+            train_mode=self.train_mode), "mix_schedule": self.mixture.describe()}
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's train data position after the last consumed batch (a collective under DDP)."""

@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_tune_data.managers import DatasetManager
 from lightning_tune_data.mixing.interleave import InterleavedDataset
+from lightning_tune_data.mixing.timeline import WeightTimeline
 from lightning_tune_data.packing import IterablePackedDataset, get_strategy
 from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.arrow import ArrowSource
@@ -88,6 +89,7 @@ class TrainStreamConfig:
         packing: ``None`` (no packing) or the packing strategy's name.
         packing_buffer_size: open packs (not documents) ``best_fit`` keeps and places into.
         num_workers: dataloader workers per rank (each reads its own shard of every source).
+        timeline: the mixture's weights over the run (a schedule or caps; ``None``: the managers' weights).
     """
 
     seed: int
@@ -99,6 +101,7 @@ class TrainStreamConfig:
     packing: str | None
     packing_buffer_size: int
     num_workers: int
+    timeline: WeightTimeline | None = None
 
     def settings(self, rank: int = 0, world_size: int = 1) -> StreamSettings:
         """The settings rank ``rank`` of ``world_size`` shares with every stage of its stream.
@@ -128,13 +131,15 @@ class TrainStreamConfig:
         """
         settings = self.settings(rank, world_size)
         sources = [self._source(name, manager, dataset_of(name), settings) for name, manager in managers.items()]
-        if len(sources) == 1 and self.stopping_strategy == "infinite":
+        if len(sources) == 1 and self.stopping_strategy == "infinite" and self.timeline is None:
             stream = sources[0]
         else:
             weights = [float(managers[source.dataset_name].weight) for source in sources]
+            if self.timeline is not None:
+                weights = list(self.timeline.weights(0))
             stream = InterleavedDataset(sources, weights, dataset_name=self.stream_name,
                                         stopping_strategy=self.stopping_strategy, mix_by=self.mix_by,
-                                        settings=settings)
+                                        settings=settings, timeline=self.timeline)
         if self.packing is not None:
             stream = IterablePackedDataset(stream, max_seq_len=self.max_seq_len, strategy=self.packing,
                                            buffer_size=self.packing_buffer_size, settings=settings)

@@ -72,7 +72,7 @@ FIXED_SETTINGS = ("sources", "seed", "max_seq_len", "packing", "stopping_strateg
 #: Settings that split the stream into shards; changing one takes the elastic path.
 LAYOUT_SETTINGS = ("world_size", "num_workers")
 #: Settings that may change: the mix follows the new values from the resume on.
-MIX_SETTINGS = ("weights", "mix_by")
+MIX_SETTINGS = ("weights", "mix_by", "mix_schedule")
 #: Opt-out named by every resume error.
 RESUME_OPT_OUT = (
     "To keep the model, optimizer and step but start the train data from the beginning, set "
@@ -162,7 +162,7 @@ def warn_no_data_state(owner: str, ckpt_path: Any) -> None:
 
 
 def _changes(saved: dict[str, Any], current: dict[str, Any], keys: tuple[str, ...], before: str = "") -> str:
-    return "; ".join(f"{key}: {before}{saved.get(key)!r} -> {'now ' if before else ''}{current[key]!r}" for key in keys)
+    return "; ".join(f"{key}: {before}{saved.get(key)!r} -> {'now ' if before else ''}{current.get(key)!r}" for key in keys)
 
 
 class TrainResume:
@@ -212,7 +212,7 @@ class TrainResume:
                 f"Cannot resume the train data: the data config changed ({_changes(saved, signature, fixed, 'checkpoint ')}), "
                 f"so the saved positions mean something else now. Restore those settings to resume. {RESUME_OPT_OUT}"
             )
-        mix = tuple(key for key in MIX_SETTINGS if saved.get(key) != signature[key])
+        mix = tuple(key for key in MIX_SETTINGS if saved.get(key) != signature.get(key))
         if mix:
             rank_zero_warn(
                 f"Train source weights changed ({_changes(saved, signature, mix)}). Resuming each source where it was; "

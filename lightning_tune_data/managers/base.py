@@ -72,6 +72,8 @@ class SourceManager(ABC):
     stages = option_attribute("stages", "Trainer stages this source is used in.")
     streaming = option_attribute("streaming", "Whether the source is streamed and tokenized lazily (no cache).")
     shuffle = option_attribute("shuffle", "Whether the training stream shuffles this source.")
+    max_epochs = option_attribute("max_epochs", "Most passes over this source a train run takes (None: no cap).")
+    max_tokens = option_attribute("max_tokens", "Most tokens a train run takes from this source (None: no cap).")
     max_error_count = option_attribute(
         "max_error_count", "Failing rows or samples that may be skipped (and counted) before raising.")
 

@@ -90,6 +90,10 @@ class DatasetManager(SourceManager):
         cache_dir: where this source's store lives instead of under the datamodule's
             ``cache_dir`` (a local path or an fsspec URL such as ``s3://bucket/prefix``; the
             datamodule's ``storage_options`` apply).
+        max_epochs: most passes over this source a train run takes (fractional allowed; ``None``:
+            no cap). When the plan reaches it, the source drops to weight 0 and the others share the mix.
+        max_tokens: most tokens a train run takes from this source (a number or ``"30M"``,
+            ``"40B"``; ``None``: no cap).
     """
 
     def __init__(
@@ -116,6 +120,8 @@ class DatasetManager(SourceManager):
         filter_kwargs: dict | None = None,
         stream_retries: dict | None = None,
         cache_dir: str | None = None,
+        max_epochs: float | None = None,
+        max_tokens: int | str | None = None,
     ) -> None:
         owner = type(self).__name__
         if full_name is not None:

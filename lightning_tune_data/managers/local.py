@@ -135,6 +135,10 @@ class LocalDatasetManager(DatasetManager):
     Raises:
         DataSourceError: Unknown or contradicting ``ds_type``, or unknown split.
         FileNotFoundError: Some data files do not exist; all missing paths are listed.
+        max_epochs: most passes over this source a train run takes (fractional allowed; ``None``:
+            no cap). When the plan reaches it, the source drops to weight 0 and the others share the mix.
+        max_tokens: most tokens a train run takes from this source (a number or ``"30M"``,
+            ``"40B"``; ``None``: no cap).
     """
 
     def __init__(
@@ -160,6 +164,8 @@ class LocalDatasetManager(DatasetManager):
         stream_retries: dict | None = None,
         skip_blank_lines: bool = False,
         cache_dir: str | None = None,
+        max_epochs: float | None = None,
+        max_tokens: int | str | None = None,
     ) -> None:
         if ds_type is not None and ds_type not in LOCAL_DS_TYPES:
             raise DataSourceError(

@@ -18,6 +18,7 @@ import numpy as np
 
 from lightning_tune_data.cache.fingerprints import callable_identity
 from lightning_tune_data.managers.errors import DataSourceError
+from lightning_tune_data.mixing.mix_schedule import parse_count
 from lightning_tune_data.preprocess import resolve_callable
 
 __all__ = [
@@ -108,6 +109,30 @@ def _check_numbers(arguments: Mapping[str, Any], description: str) -> None:
             raise DataSourceError(f"{description}: {name} must be a mapping, got {arguments[name]!r}.")
 
 
+def source_caps(max_epochs: Any, max_tokens: Any, description: str) -> dict[str, float | None]:
+    """A train source's caps, checked: ``max_epochs`` a number > 0, ``max_tokens`` a count > 0
+    (``"40B"``, ``"30M"`` or a number).
+
+    Args:
+        max_epochs: most passes over the source (``None``: no cap).
+        max_tokens: most tokens taken from the source (``None``: no cap).
+        description: names the source in error messages.
+    """
+    if max_epochs is not None and (isinstance(max_epochs, bool) or not isinstance(max_epochs, (int, float))
+                                   or not np.isfinite(max_epochs) or max_epochs <= 0):
+        raise DataSourceError(f"{description}: max_epochs must be a number > 0 (passes over the source), "
+                              f"got {max_epochs!r}.")
+    tokens = None
+    if max_tokens is not None:
+        try:
+            tokens = parse_count(max_tokens, f"{description}: max_tokens")
+        except ValueError as error:
+            raise DataSourceError(str(error)) from None
+        if tokens <= 0:
+            raise DataSourceError(f"{description}: max_tokens must be > 0, got {max_tokens!r}.")
+    return {"max_epochs": None if max_epochs is None else float(max_epochs), "max_tokens": tokens}
+
+
 def _check_load_kwargs(load_kwargs: Mapping[str, Any], description: str) -> None:
     clashes = sorted(key for key in load_kwargs if key in MANAGER_LOAD_ARGUMENTS)
     if clashes:
@@ -140,6 +165,8 @@ class SourceOptions:
         stream_retries: Network retry bounds of a streaming source (see :data:`STREAM_RETRY_DEFAULTS`).
         cache_dir: Where this source's store lives when not under the datamodule's ``cache_dir``
             (a local path or an fsspec URL).
+        max_epochs: Most passes over the source a train run takes (fractional allowed; ``None``: no cap).
+        max_tokens: Most tokens a train run takes from the source (``None``: no cap).
     """
 
     weight: float = 1.0
@@ -155,6 +182,8 @@ class SourceOptions:
     transforms: dict[str, Any] = field(default_factory=dict)
     stream_retries: dict[str, float] = field(default_factory=lambda: dict(STREAM_RETRY_DEFAULTS))
     cache_dir: str | None = None
+    max_epochs: float | None = None
+    max_tokens: float | None = None
 
     @classmethod
     def from_arguments(cls, description: str, arguments: Mapping[str, Any]) -> SourceOptions:
@@ -196,6 +225,7 @@ class SourceOptions:
             transforms=transforms,
             stream_retries=stream_retries,
             cache_dir=None if arguments.get("cache_dir") is None else str(arguments["cache_dir"]),
+            **source_caps(arguments.get("max_epochs"), arguments.get("max_tokens"), description),
         )
         if options.preprocess_function is not None:
             options.check_preprocess_kwargs(options.resolve_preprocess_function(description), description)

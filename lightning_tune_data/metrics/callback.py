@@ -25,7 +25,18 @@ from lightning_tune_data.metrics.collector import CollectorsFactory, MetricsDict
 from lightning_tune_data.metrics.rank_merge import merge_rank_states
 from lightning_tune_data.metrics.summary import format_mix_table, mix_notes, tensorboard_layout
 
-__all__ = ["DatasetMetricsCallback", "flatten_metrics"]
+__all__ = ["DatasetMetricsCallback", "flatten_metrics", "scheduled_targets"]
+
+
+def scheduled_targets(trainer: pl.Trainer) -> dict[str, float] | None:
+    """The mixture schedule's target weights at the trainer's last step (``None``: fixed weights).
+
+    Args:
+        trainer: the trainer, whose datamodule may carry a ``mixture`` with ``targets_at(step)``.
+    """
+    mixture = getattr(getattr(trainer, "datamodule", None), "mixture", None)
+    targets_at = getattr(mixture, "targets_at", None)
+    return None if targets_at is None else targets_at(max(trainer.global_step - 1, 0))
 
 
 def flatten_metrics(metrics: Mapping[str, Mapping[str, Any]], prefix: str = "dataset") -> dict[str, float]:
@@ -62,6 +73,8 @@ class DatasetMetricsCallback(Callback):
       explain its numbers: sources whose documents reached the model with no target token, and
       how far documents held in open packs can keep the realised shares from the targets.
     * Target weights come from ``trainer.datamodule.train_source_weights`` when it exists.
+    * With a mixture schedule (``trainer.datamodule.mixture``), ``mix/<name>/target`` logs the
+      schedule's weight at the step next to the realised shares, and ``target_weight`` follows it.
     * Checkpoints hold every rank's counts (``{"world_size": W, "ranks": [...]}``); on resume each
       rank restores its own, so counters continue instead of restarting at 0. ``state_dict()`` is a
       collective under DDP, like Lightning's own ``trainer.save_checkpoint``: it must run on all ranks.
@@ -206,7 +219,7 @@ class DatasetMetricsCallback(Callback):
         results = getattr(trainer, "_results", None)
         for item in getattr(results, "values", lambda: [])():
             meta = getattr(item, "meta", None)
-            if getattr(meta, "fx", None) == "on_train_batch_end" and str(getattr(meta, "name", "")).startswith("dataset/"):
+            if getattr(meta, "fx", None) == "on_train_batch_end" and str(getattr(meta, "name", "")).startswith(("dataset/", "mix/")):
                 item.reset()
         self._logged_through_module = False
 
@@ -218,9 +231,13 @@ class DatasetMetricsCallback(Callback):
             pl_module: The module, when called from a hook where ``LightningModule.log`` is allowed.
         """
         distributed = trainer.world_size > 1
+        targets = scheduled_targets(trainer)
+        if targets:  # a mixture schedule: the target follows the run
+            self.aggregator.set_source_weights(targets)
         self._last_metrics = self.aggregator.compute(distributed=distributed)
         self._last_logged_step = trainer.global_step
         flat = flatten_metrics(self._last_metrics)
+        flat.update({f"mix/{name}/target": float(weight) for name, weight in (targets or {}).items()})
         connector = getattr(trainer, "_logger_connector", None)
         if pl_module is not None and trainer.loggers and bool(getattr(connector, "should_update_logs", False)):
             # Every rank holds the same global values; float64 keeps counters exact in the logs.

@@ -58,7 +58,7 @@ class MixedBlock:
     """
 
     __slots__ = ("refs", "tokens", "stores", "draws_start", "accounts_start", "children_start", "chosen",
-                 "child_blocks", "positions", "accounts")
+                 "child_blocks", "positions", "accounts", "timing_start", "crossings")
 
     def __init__(self, stores: dict[str, Any], draws_start: int, accounts_start: list[list[float]],
                  children_start: list[Any]) -> None:
@@ -72,6 +72,8 @@ class MixedBlock:
         self.child_blocks: list[Any] = []
         self.positions: list[int] = []
         self.accounts: list[tuple[float, float]] = []
+        self.timing_start: list[Any] | None = None  # a scheduled mixture's timing before the block
+        self.crossings: list[tuple[int, list[Any]]] = []  # (draw counter, timing) where a new quantum began
 
     def references(self) -> list[tuple]:
         """Each draw's piece reference, in draw order (what the packer places)."""
@@ -116,6 +118,10 @@ class MixedReader:
         block = MixedBlock(self.stores, schedule.draws, [list(account) for account in schedule.consumed],
                            [self._child_position(i) for i in range(len(children))])
         refs, tokens, chosen = block.refs, block.tokens, block.chosen
+        block.timing_start = schedule.timing_values()
+        timed = block.timing_start is not None
+        if timed:
+            schedule.crossings = block.crossings
         child_blocks, positions, accounts = block.child_blocks, block.positions, block.accounts
         candidates = schedule.candidates(list(range(len(children))))
         draw, count = schedule.draw, schedule.count
@@ -141,6 +147,8 @@ class MixedReader:
             child_blocks.append(cursor.block)
             positions.append(cursor.at)
             accounts.append((account[0], account[1]))
+        if timed:
+            schedule.crossings = None
         return block
 
     def state_after(self, block: MixedBlock, documents: int) -> dict[str, Any]:
@@ -164,4 +172,11 @@ class MixedReader:
                 children[index] = block.children_start[index]
             position = children[index]
             states.update(child.state_after_block(*position) if isinstance(position, tuple) else position)
-        return self.state_from(block.draws_start + documents, accounts, states)
+        timing = block.timing_start
+        for counter, values in block.crossings:  # the timing in effect for the last draw taken
+            if counter >= block.draws_start + documents:
+                break
+            timing = values
+        if timing is None:
+            return self.state_from(block.draws_start + documents, accounts, states)
+        return self.state_from(block.draws_start + documents, accounts, states, None, False, timing)

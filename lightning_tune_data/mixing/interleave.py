@@ -19,8 +19,10 @@ from lightning_tune_data.mixing.children import (
     CHILDREN_KEY, EXHAUSTED_KEY, FINISHED_KEY, ChildStreams, unique_names,
 )
 from lightning_tune_data.mixing.schedule import (
-    CONSUMED_KEY, DRAWS_KEY, MIX_BY_KEY, WEIGHTS_KEY, DrawSchedule, check_weights,
+    CONSUMED_KEY, DRAWS_KEY, MIX_BY_KEY, WEIGHTS_KEY, check_weights,
 )
+from lightning_tune_data.mixing.scheduled_draws import ScheduledDraws
+from lightning_tune_data.mixing.timeline import WeightTimeline
 from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.base import TuneIterableDataset
 
@@ -47,8 +49,8 @@ class InterleavedDataset(TuneIterableDataset):
     source is paid back by the new shards together. Resuming with other weights or another
     ``mix_by`` starts the accounts afresh: the new weights apply from the resume on.
 
-    Children are sharded by themselves (sources shard by rank and worker); the interleaver only
-    chooses. Nesting is allowed: an ``InterleavedDataset`` is a child like any other.
+    Children shard themselves (by rank and worker); the interleaver only chooses. Nesting is allowed.
+    With a ``timeline`` the weights change over the stream (:mod:`~lightning_tune_data.mixing.scheduled_draws`).
 
     For the packer, an infinite mixture of children that read blocks (plain ``ArrowSource`` sources,
     or such mixtures) hands out many draws at once (:meth:`read_block`): the same draws as
@@ -71,6 +73,7 @@ class InterleavedDataset(TuneIterableDataset):
             tokens).
         settings: the run's settings, which then supply the seed, rank and world size (give those
             keywords only with the same values).
+        timeline: weights over the stream (``WeightTimeline``); ``None``: the fixed ``weights``.
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class InterleavedDataset(TuneIterableDataset):
         world_size: int | None = None,
         mix_by: MixBy = "documents",
         settings: StreamSettings | None = None,
+        timeline: WeightTimeline | None = None,
     ) -> None:
         datasets = list(datasets)
         weights = list(weights)
@@ -91,7 +95,7 @@ class InterleavedDataset(TuneIterableDataset):
         self.settings = _stream_settings(dataset_name, settings, seed, rank, world_size)
         self._dataset_name = dataset_name
         self._children = ChildStreams(dataset_name, datasets, names, stopping_strategy)
-        self._schedule = DrawSchedule(dataset_name, names, weights, mix_by, self.settings)
+        self._schedule = ScheduledDraws.or_fixed(dataset_name, names, weights, mix_by, self.settings, timeline)
         self._reader: MixedReader | None = None  # the block path's children blocks (see read_block)
         self._pending: dict[str, Any] | None = None  # a merged state (load_global_state), split on first use
 
@@ -191,17 +195,19 @@ class InterleavedDataset(TuneIterableDataset):
         children = [ds.snapshot() for ds in streams.datasets]
         draws, consumed = schedule.draws, [list(account) for account in schedule.consumed]
         exhausted, finished = list(streams.exhausted), streams.finished
+        timing = schedule.timing_values()
 
         def build() -> dict[str, Any]:
             children_state: dict[str, Any] = {}
             for child in children:
                 children_state.update(child())
-            return self.state_from(draws, consumed, children_state, exhausted, finished)
+            return self.state_from(draws, consumed, children_state, exhausted, finished, timing)
 
         return build
 
     def state_from(self, draws: int, consumed: list[list[float]], children: dict[str, Any],
-                   exhausted: list[bool] | None = None, finished: bool = False) -> dict[str, Any]:
+                   exhausted: list[bool] | None = None, finished: bool = False,
+                   timing: list[Any] | None = None) -> dict[str, Any]:
         """The state with these draws, accounts and children's states (the settings are this mixture's).
 
         Args:
@@ -210,18 +216,18 @@ class InterleavedDataset(TuneIterableDataset):
             children: the children's states, by name.
             exhausted: per child, whether it left the round (``None``: none did).
             finished: whether the round finished.
+            timing: a scheduled mixture's timing record (``None``: the current one).
         """
-        return {
-            self._dataset_name: {
-                DRAWS_KEY: draws,
-                CONSUMED_KEY: self._schedule.accounts_state(consumed),
-                EXHAUSTED_KEY: self._children.flags_state(exhausted),
-                FINISHED_KEY: finished,
-                WEIGHTS_KEY: self._schedule.weights_state(),
-                MIX_BY_KEY: self._schedule.mix_by,
-                CHILDREN_KEY: children,
-            }
-        }
+        return {self._dataset_name: {
+            DRAWS_KEY: draws,
+            CONSUMED_KEY: self._schedule.accounts_state(consumed),
+            EXHAUSTED_KEY: self._children.flags_state(exhausted),
+            FINISHED_KEY: finished,
+            WEIGHTS_KEY: self._schedule.weights_state(),
+            MIX_BY_KEY: self._schedule.mix_by,
+            CHILDREN_KEY: children,
+            **self._schedule.state_entries(timing),
+        }}
 
     # -- blocks of document references (the packer's fast path) ------------------------------
     def blocks_supported(self) -> bool:
@@ -257,7 +263,7 @@ class InterleavedDataset(TuneIterableDataset):
         self._check_saved(own)
         self._children.load(own)
         self._pending = None
-        self._schedule.load(int(own[DRAWS_KEY]), self._schedule.saved_accounts(own))
+        self._schedule.load_saved(own)
         self._reader = None
 
     def merge_shard_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -267,7 +273,7 @@ class InterleavedDataset(TuneIterableDataset):
         for own in owns:
             self._check_saved(own)
         children = self._children.merge_shard_states(owns)
-        return {self._dataset_name: {CONSUMED_KEY: self._schedule.merged_accounts(owns), CHILDREN_KEY: children}}
+        return {self._dataset_name: {**self._schedule.merged(owns), CHILDREN_KEY: children}}
 
     def load_global_state(self, global_state: dict[str, Any]) -> None:
         """Continue from :meth:`merge_shard_states`' result; this shard takes its share on first use."""

@@ -189,7 +189,23 @@ class DrawSchedule:
         consumed = own.get(CONSUMED_KEY, {})
         return [[float(consumed.get(n, {}).get(u, 0.0)) for u in MIX_BY] for n in self.names]
 
+    def load_saved(self, own: dict[str, Any]) -> None:
+        """Continue from a mixture's saved state of this layout (other weights restart the accounts)."""
+        self.load(int(own[DRAWS_KEY]), self.saved_accounts(own))
+
+    def timing_values(self) -> Any:
+        """What a scheduled rule adds to a position's record (nothing here: the weights are fixed)."""
+        return None
+
+    def state_entries(self, timing: Any) -> dict[str, Any]:
+        """What a scheduled rule adds to the mixture's state (nothing here)."""
+        return {}
+
     # -- another layout of ranks and workers ----------------------------------------------------
+    def merged(self, owns: list[dict[str, Any]]) -> dict[str, Any]:
+        """The rule's part of the old shards' merged state: their accounts summed."""
+        return {CONSUMED_KEY: self.merged_accounts(owns)}
+
     def merged_accounts(self, owns: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         """The old shards' saved accounts summed by child and unit: what the old layout drew in all."""
         accounts = [self.saved_accounts(own) for own in owns]

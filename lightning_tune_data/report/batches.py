@@ -62,7 +62,11 @@ def datamodule_from_config(config: str | Path | Mapping[str, Any], cache_dir: st
     parser = LightningArgumentParser(exit_on_error=False)
     parser.add_lightning_class_args(TextDataModule, "data", subclass_mode=False)
     parsed = parser.parse_object({"data": data})
-    return parser.instantiate_classes(parsed).data
+    datamodule = parser.instantiate_classes(parsed).data
+    max_steps = ((loaded or {}).get("trainer") or {}).get("max_steps")
+    if isinstance(max_steps, int) and max_steps > 0:  # a mixture schedule's fractions are of this run
+        datamodule.mixture.run_steps = max_steps
+    return datamodule
 
 
 @dataclass
@@ -84,6 +88,7 @@ class BatchReport:
         preview_origin: ``(batch, row)`` of each previewed row.
         notes: what explains the numbers (the end-of-fit table's notes): documents drawn with no
             target token, and documents held in open packs.
+        plan: the mixture plan's table, when the datamodule has a schedule or caps (else ``""``).
     """
 
     sources: list[str]
@@ -100,6 +105,7 @@ class BatchReport:
     preview: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     preview_origin: list[tuple[int, int]] = field(default_factory=list)
+    plan: str = ""
 
     @property
     def batches(self) -> int:
@@ -198,4 +204,6 @@ def collect(datamodule: TextDataModule, batches: int, preview_rows: int = 3) -> 
         del iterator  # stops the loader's workers
     report.metrics = aggregator.compute(distributed=False)
     report.notes = mix_notes(report.metrics, aggregator.stream_name, datamodule, world_size=1)
+    plan = getattr(getattr(datamodule, "mixture", None), "plan", None)
+    report.plan = plan.table() if plan is not None else ""
     return report

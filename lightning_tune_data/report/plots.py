@@ -65,6 +65,38 @@ def plot_mix(path: Path, x: Sequence[float], doc_shares: Mapping[str, Sequence[f
     return _save(fig, path)
 
 
+def plot_schedule(path: Path, steps: Sequence[float], realised: Mapping[str, Sequence[float]],
+                  target_steps: Sequence[float], targets: Mapping[str, Sequence[float]]) -> Path:
+    """A mixture schedule: per source its target weight over the run (dotted) and its realised
+    share over the recent window of batches (solid).
+
+    Args:
+        path: The PNG to write.
+        steps: The steps of the realised points.
+        realised: Per source, its recent share at each of ``steps``.
+        target_steps: The steps of the target points.
+        targets: Per source, the schedule's weight at each of ``target_steps``.
+
+    Returns:
+        ``path``.
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, source in enumerate(targets):
+        color = colors[i % len(colors)]
+        ax.plot(target_steps, targets[source], color=color, lw=1.5, ls=":", label=f"{source}: target")
+        if source in realised:
+            ax.plot(steps, realised[source], color=color, lw=2, label=f"{source}: realised (recent)")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("share of the stream")
+    ax.set_title("Mixture schedule: target vs realised share per source")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save(fig, path)
+
+
 def plot_lengths(path: Path, lengths: Mapping[str, np.ndarray], max_seq_len: int) -> Path:
     """One histogram of document lengths per source, with ``max_seq_len`` marked.
 

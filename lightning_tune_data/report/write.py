@@ -9,7 +9,9 @@ from typing import Any
 
 from lightning_tune_data.metrics.summary import format_percent, no_target_notes
 from lightning_tune_data.report.batches import BatchReport
-from lightning_tune_data.report.plots import plot_efficiency, plot_lengths, plot_losses, plot_mix, plot_truncation
+from lightning_tune_data.report.plots import (
+    plot_efficiency, plot_lengths, plot_losses, plot_mix, plot_schedule, plot_truncation,
+)
 from lightning_tune_data.report.preview import LEGEND, render_rows
 from lightning_tune_data.tokenizers import Tokenizer
 
@@ -80,6 +82,7 @@ def write_batch_report(report: BatchReport, tokenizer: Tokenizer, output: str | 
         *_notes(report.notes),
         "![realised vs target mix](mix.png)", "",
         "Solid lines: share of documents; dashed: share of tokens; dotted: the target weight.", "",
+        *(["## Mixture plan", "", "```text", report.plan, "```", ""] if report.plan else []),
         "## Document lengths", "", "![document lengths](lengths.png)", "",
         "## Padding and packing", "",
         f"- real tokens / positions: {format_percent(1 - stream.get('padding_share', 0.0))}",
@@ -95,6 +98,32 @@ def write_batch_report(report: BatchReport, tokenizer: Tokenizer, output: str | 
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
+
+
+def _schedule_section(rows: list[dict[str, float]], keys: set[str], sources: list[str], out: Path) -> list[str]:
+    """The report's mixture schedule: the plan logged at setup, and target vs realised share per
+    source over the run (none without ``mix/<source>/target`` columns)."""
+    lines: list[str] = []
+    planned = [s for s in sources if f"plan/{s}/tokens" in keys]
+    if planned:
+        first = {k: v for row in rows for k, v in row.items() if k.startswith("plan/")}
+        lines += ["## Mixture plan", "", "| source | planned tokens | planned documents | epochs | cap reached at step |",
+                  "|---|---|---|---|---|"]
+        for s in planned:
+            epochs, cap = first.get(f"plan/{s}/epochs"), first.get(f"plan/{s}/cap_step")
+            lines.append(f"| `{s}` | {first[f'plan/{s}/tokens']:,.0f} | {first[f'plan/{s}/documents']:,.0f} | "
+                         f"{'-' if epochs is None else f'{epochs:.2f}'} | {'-' if cap is None else f'{cap:,.0f}'} |")
+        lines.append("")
+    scheduled = [s for s in sources if f"mix/{s}/target" in keys]
+    if scheduled:
+        target_steps, _ = _series(rows, f"mix/{scheduled[0]}/target")
+        steps, _ = _series(rows, f"dataset/{scheduled[0]}/window_share")
+        plot_schedule(out / "schedule.png", steps, {s: _series(rows, f"dataset/{s}/window_share")[1] for s in scheduled},
+                      target_steps, {s: _series(rows, f"mix/{s}/target")[1] for s in scheduled})
+        lines += ["## Mixture schedule: target vs realised", "", "![mixture schedule](schedule.png)", "",
+                  "Dotted: the schedule's target weight at each logged step; solid: the share of documents over "
+                  "the recent window of batches.", ""]
+    return lines
 
 
 def read_metrics_csv(path: str | Path) -> list[dict[str, float]]:
@@ -167,6 +196,7 @@ def write_metrics_report(metrics_csv: str | Path, output: str | Path) -> Path:
     notes = no_target_notes({s: {"metrics": m} for s, m in metrics.items()}, stream_name="all")
     lines += [*_mix_table(sources, metrics, extra), "", *_notes(notes), "![realised vs target mix](mix.png)", "",
               "Solid lines: share of documents; dashed: share of tokens; dotted: the target weight.", ""]
+    lines += _schedule_section(rows, keys, sources, out)
     losses = {k.split("/")[1]: k for k in sorted(keys) if k.startswith("train/") and k.endswith("/loss")}
     if losses:
         series = {name: _series(rows, key) for name, key in losses.items()}

@@ -24,7 +24,8 @@ document pieces; any other packed samples (plain dicts) are validated and copied
 from __future__ import annotations
 
 from lightning_tune_data.collate.base import shifted_labels
-from lightning_tune_data.collate.packed import PackedCollator, packed_provenance
+from lightning_tune_data.collate.packed import PackedCollator
+from lightning_tune_data.collate.provenance import packed_provenance
 from lightning_tune_data.collate.padded import PaddedCollator
 from lightning_tune_data.keys import (
     ATTENTION_MASK,

@@ -27,9 +27,21 @@ from typing import Any
 import numpy as np
 
 from lightning_tune_data.collate.worker_memory import batch_parts
-from lightning_tune_data.keys import COMPACT_LAYOUT, IGNORE_INDEX, INPUT_IDS, PROVENANCE, ROW_LENGTHS, SEQ_LENS, TARGET_MASK
+from lightning_tune_data.keys import (
+    COMPACT_LAYOUT,
+    IGNORE_INDEX,
+    INPUT_IDS,
+    PROVENANCE,
+    ROW_LENGTHS,
+    SEQ_LENS,
+    TARGET_MASK,
+    TARGET_TOKENS,
+)
+from lightning_tune_data.packing.pack import Pack
+from lightning_tune_data.packing.pieces import LENGTH_AT
+from lightning_tune_data.packing.rows import write_rows
 
-__all__ = ["compact_ids_dtype", "compact_packed_batch", "compact_padded_batch"]
+__all__ = ["compact_ids_dtype", "compact_packed_batch", "compact_packs", "compact_padded_batch"]
 
 _INT32_LOW, _INT32_HIGH = -(1 << 31), (1 << 31) - 1
 
@@ -118,3 +130,47 @@ def compact_padded_batch(tokens: np.ndarray, dtype: np.dtype, lengths: Sequence[
         batch[TARGET_MASK] = tensors[2]
     batch[PROVENANCE] = provenance
     return batch
+
+
+def compact_packs(packs: Sequence[Pack], width: int, pad_id: int, scratch: np.ndarray, lens: Sequence[int],
+                  sources: Sequence[str], pack_lengths: Sequence[int], seq_lens_values: Sequence[int], most: int,
+                  segment_ends: np.ndarray, piece_starts: np.ndarray,
+                  provenance: dict[str, list[Any]]) -> dict[str, Any] | None:
+    """The compact batch of the packer's own packs, or ``None`` when only a full batch is exact
+    (an id equal to the ignore label). The rows are joined as for a full batch; a target mask
+    is written only when a piece carries its own labels (a masked document).
+
+    Args:
+        packs: the batch's packs (the packer's own), one per row.
+        width: tokens per row.
+        pad_id: the id written after each pack's tokens.
+        scratch: ``len(packs) * width`` int64 items the rows may be written into first.
+        lens, sources: every piece's length and source name, packs back to back.
+        pack_lengths: each pack's tokens.
+        seq_lens_values: the pieces' lengths, row by row, each row zero-padded to ``most``.
+        most: the most pieces in a row.
+        segment_ends: the end of every piece and of each row's padding in the flattened rows.
+        piece_starts: the start of every piece in the flattened rows.
+        provenance: the batch's provenance without ``target_tokens`` (added here).
+    """
+    size = len(packs) * width
+    joined = write_rows(packs, width, pad_id, scratch, lens, sources)
+    values = scratch if joined is None else joined
+    dtype = compact_ids_dtype(values, pad_id)
+    if dtype is None:
+        return None
+    target = None
+    if any(extra is not None and extra.labels is not None for pack in packs for extra in pack.extras or ()):
+        target = np.ones(size, dtype=bool)
+        target[segment_ends - 1] = False  # every piece's last label, and each row's padding's
+        for row, (pack, n) in enumerate(zip(packs, pack_lengths)):
+            target[row * width + n: (row + 1) * width] = False
+            start = row * width
+            for ref, extra in zip(pack.refs, pack.extras or ()):
+                if extra is not None and extra.labels is not None:
+                    target[start: start + ref[LENGTH_AT]] = extra.labels != IGNORE_INDEX
+                start += ref[LENGTH_AT]
+        provenance[TARGET_TOKENS] = np.add.reduceat(target.view(np.uint8), piece_starts, dtype=np.int64).tolist()
+    else:
+        provenance[TARGET_TOKENS] = [length - 1 for length in lens]  # no id is the ignore label
+    return compact_packed_batch(values, dtype, width, seq_lens_values, most, target, provenance)

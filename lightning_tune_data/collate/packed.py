@@ -23,7 +23,7 @@ from lightning_tune_data.collate.base import (
     padded_length,
     required_field,
 )
-from lightning_tune_data.collate.compact import compact_ids_dtype, compact_packed_batch
+from lightning_tune_data.collate.compact import compact_packs
 from lightning_tune_data.collate.provenance import packed_provenance, piece_targets, segment_targets
 from lightning_tune_data.collate.worker_memory import batch_planes, batch_tensor
 from lightning_tune_data.keys import (
@@ -97,10 +97,7 @@ class PackedCollator:
     and a pack longer than ``max_seq_len`` means the packer and the collator were configured
     with different lengths, which is reported as an error.
 
-    With ``compact=True`` the packer's own packs are collated into a *compact* batch instead
-    (:mod:`lightning_tune_data.collate.compact`: token ids, ``seq_lens``, a target mask only
-    when a document masks targets, provenance), which
-    :func:`~lightning_tune_data.collate.expand.expand_batch` turns into exactly the batch above.
+    ``compact=True``: the packer's own packs make a compact batch (``collate.compact``) instead.
 
     Args:
         pad_id: token id written on padding positions (the tokenizer's ``pad_id``).
@@ -285,8 +282,8 @@ class PackedCollator:
         }
         if self.compact:
             piece_starts = (segment_ends - segment_lens_array)[segment_documents_array != PAD_DOCUMENT_ID]
-            batch = self._compact_packs(packs, width, lens, columns[SOURCE_AT], pack_lengths, seq_lens_values, most,
-                                        segment_ends, piece_starts, provenance)
+            batch = compact_packs(packs, width, self.pad_id, self._scratch(batch_size * width), lens, columns[SOURCE_AT],
+                                  pack_lengths, seq_lens_values, most, segment_ends, piece_starts, provenance)
             if batch is not None:
                 return batch
 
@@ -323,35 +320,6 @@ class PackedCollator:
                                                    segment_documents_array)
         batch[PROVENANCE] = provenance
         return batch
-
-    def _compact_packs(self, packs: list[Pack], width: int, lens: Sequence[int], sources: Sequence[str],
-                       pack_lengths: list[int], seq_lens_values: Sequence[int], most: int, segment_ends: np.ndarray,
-                       piece_starts: np.ndarray, provenance: dict[str, list[Any]]) -> dict[str, Any] | None:
-        """The compact batch of the packer's own packs, or ``None`` when only a full batch is exact
-        (an id equal to the ignore label). The rows are joined as for a full batch; a target mask
-        is written only when a piece carries its own labels (a masked document)."""
-        size = len(packs) * width
-        scratch = self._scratch(size)
-        joined = write_rows(packs, width, self.pad_id, scratch, lens, sources)
-        values = scratch if joined is None else joined
-        dtype = compact_ids_dtype(values, self.pad_id)
-        if dtype is None:
-            return None
-        target = None
-        if any(extra is not None and extra.labels is not None for pack in packs for extra in pack.extras or ()):
-            target = np.ones(size, dtype=bool)
-            target[segment_ends - 1] = False  # every piece's last label, and each row's padding's
-            for row, (pack, n) in enumerate(zip(packs, pack_lengths)):
-                target[row * width + n: (row + 1) * width] = False
-                start = row * width
-                for ref, extra in zip(pack.refs, pack.extras or ()):
-                    if extra is not None and extra.labels is not None:
-                        target[start: start + ref[LENGTH_AT]] = extra.labels != IGNORE_INDEX
-                    start += ref[LENGTH_AT]
-            provenance[TARGET_TOKENS] = np.add.reduceat(target.view(np.uint8), piece_starts, dtype=np.int64).tolist()
-        else:
-            provenance[TARGET_TOKENS] = [length - 1 for length in lens]  # no id is the ignore label
-        return compact_packed_batch(values, dtype, width, seq_lens_values, most, target, provenance)
 
     def __repr__(self) -> str:
         return (

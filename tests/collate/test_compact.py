@@ -18,11 +18,20 @@ from test_padded import random_document_samples
 
 from lightning_tune_data.collate import PackedCollator, PaddedCollator, expand_batch
 from lightning_tune_data.collate.compact import compact_ids_dtype
+from lightning_tune_data.collate.expand import _EXPANSIONS
 from lightning_tune_data.keys import COMPACT_LAYOUT, INPUT_IDS, PROVENANCE, ROW_LENGTHS, SEQ_LENS, TARGET_MASK
 from lightning_tune_data.packing.packer import IterablePackedDataset
 from lightning_tune_data.sources.memory import InMemoryStream
 
 STRATEGIES = ("greedy", "best_fit", "concat")
+
+
+def expanded(batch: dict[str, Any]) -> dict[str, Any]:
+    """``expand_batch`` (NumPy on the host), checked equal to the torch expansion a device runs."""
+    full = expand_batch(batch)
+    if COMPACT_LAYOUT in batch:
+        assert_same_batch(_EXPANSIONS[batch[COMPACT_LAYOUT]][0](batch), full)
+    return full
 
 
 def assert_same_batch(got: dict[str, Any], want: dict[str, Any]) -> None:
@@ -60,7 +69,7 @@ def test_expanded_compact_padded_batches_equal_full_batches_bit_for_bit(masks, m
         assert batch[COMPACT_LAYOUT] == "padded" and batch[INPUT_IDS].dtype == torch.int32
         has_mask = any(sample.get("loss_mask") is not None for sample in samples)
         assert (TARGET_MASK in batch) == has_mask  # the mask travels only when a document has one
-        assert_same_batch(expand_batch(batch), full(samples))
+        assert_same_batch(expanded(batch), full(samples))
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -76,7 +85,7 @@ def test_expanded_compact_packed_batches_equal_full_batches_bit_for_bit(strategy
         assert batch[COMPACT_LAYOUT] == "packed" and batch[INPUT_IDS].dtype == torch.int32
         assert batch[SEQ_LENS].dtype == torch.int64
         assert (TARGET_MASK in batch) == masked
-        assert_same_batch(expand_batch(batch), full(group))
+        assert_same_batch(expanded(batch), full(group))
 
 
 def test_a_compact_packed_batch_is_the_fraction_of_a_full_one_it_claims() -> None:
@@ -123,7 +132,7 @@ def test_wide_token_ids_travel_as_int64_and_expand_to_the_same_batch() -> None:
         sample["input_ids"] = sample["input_ids"].astype(np.int64) + big
     batch = PaddedCollator(PAD, compact=True)(samples)
     assert batch[INPUT_IDS].dtype == torch.int64 and batch[ROW_LENGTHS].tolist() == [3, 1]
-    assert_same_batch(expand_batch(batch), PaddedCollator(PAD)(samples))
+    assert_same_batch(expanded(batch), PaddedCollator(PAD)(samples))
 
 
 class PackedBatches(torch.utils.data.IterableDataset):
@@ -140,5 +149,5 @@ def test_a_compact_batch_crosses_a_worker_process_in_one_shared_storage() -> Non
     assert len({tensor.untyped_storage().data_ptr() for tensor in tensors}) == 1
     assert all(tensor.is_shared() for tensor in tensors)
     packs = packer_packs("concat", masked=True, count=4)
-    assert_same_batch(expand_batch(batch), PackedCollator(pad_id=9, max_seq_len=32)(packs))
+    assert_same_batch(expanded(batch), PackedCollator(pad_id=9, max_seq_len=32)(packs))
     assert isinstance(batch[PROVENANCE]["source"], list)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lightning_tune_data.collate import IGNORE_INDEX, expand_batch
-from lightning_tune_data.collate.expand import is_compact
+from lightning_tune_data.collate.expand import _EXPANSIONS, is_compact
 from lightning_tune_data.keys import COMPACT_LAYOUT, INPUT_IDS, PROVENANCE, ROW_LENGTHS, SEQ_LENS, TARGET_MASK
 
 X = IGNORE_INDEX
@@ -20,6 +20,8 @@ def test_a_packed_batch_gets_labels_positions_documents_and_mask_from_its_length
         PROVENANCE: {"source": ["a", "b", "a"]},
     }
     full = expand_batch(batch)
+    on_device = _EXPANSIONS["packed"][0](batch)
+    assert all(torch.equal(on_device[key], full[key]) for key in list(full)[:6])
     assert list(full) == ["input_ids", "labels", "position_ids", "document_ids", "attention_mask", "seq_lens",
                           "provenance"]
     assert all(full[key].dtype == torch.int64 for key in list(full)[:6])
@@ -39,7 +41,7 @@ def test_a_target_mask_decides_which_labels_are_targets() -> None:
         TARGET_MASK: torch.tensor([[False, True, True, False]]),
         PROVENANCE: {},
     }
-    assert expand_batch(batch)["labels"].tolist() == [[X, 3, 4, X]]
+    assert expand_batch(batch)["labels"].tolist() == _EXPANSIONS["packed"][0](batch)["labels"].tolist() == [[X, 3, 4, X]]
 
 
 def test_a_padded_batch_gets_labels_positions_and_mask_from_its_row_lengths() -> None:
@@ -50,6 +52,8 @@ def test_a_padded_batch_gets_labels_positions_and_mask_from_its_row_lengths() ->
         PROVENANCE: {"source": ["a", "b"]},
     }
     full = expand_batch(batch)
+    on_device = _EXPANSIONS["padded"][0](batch)
+    assert all(torch.equal(on_device[key], full[key]) for key in list(full)[:4])
     assert list(full) == ["input_ids", "labels", "attention_mask", "position_ids", "provenance"]
     assert full["labels"].tolist() == [[2, 3, X], [X, X, X]]
     assert full["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]

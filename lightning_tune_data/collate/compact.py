@@ -10,9 +10,12 @@ information: the other four follow from them. A *compact* batch carries
   of the batch masks targets (a prompt); otherwise every token but a document's last is a target;
 * ``provenance``, exactly as a full batch has it, and ``compact_layout`` (``"packed"`` or ``"padded"``).
 
-That is 4-10x fewer bytes through shared memory and the worker's queue (8 bytes per token become
-4, or 5 with a mask). :func:`~lightning_tune_data.collate.expand.expand_batch` derives the full
-batch, bit for bit the one the collator would have written, after the batch reached its device
+That is 4-10x fewer bytes through the worker's queue and the host-to-device copy (8 bytes per
+token become 4, or 5 with a mask). From a dataloader worker the parts travel as NumPy arrays
+pickled inline (:func:`~lightning_tune_data.collate.worker_memory.batch_parts`), which the train
+loader wraps as tensors (:func:`compact_tensors`).
+:func:`~lightning_tune_data.collate.expand.expand_batch` derives the full batch, bit for bit the one
+the collator would have written, after the batch reached its device
 (``TextDataModule.on_after_batch_transfer``).
 
 Anything unusual (token ids that do not fit, an id equal to the ignore label, per-token fields of
@@ -25,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from lightning_tune_data.collate.worker_memory import batch_parts
 from lightning_tune_data.keys import (
@@ -41,7 +45,7 @@ from lightning_tune_data.packing.pack import Pack
 from lightning_tune_data.packing.pieces import LENGTH_AT
 from lightning_tune_data.packing.rows import write_rows
 
-__all__ = ["compact_ids_dtype", "compact_packed_batch", "compact_packs", "compact_padded_batch"]
+__all__ = ["compact_ids_dtype", "compact_packed_batch", "compact_packs", "compact_padded_batch", "compact_tensors"]
 
 _INT32_LOW, _INT32_HIGH = -(1 << 31), (1 << 31) - 1
 
@@ -67,6 +71,23 @@ def compact_ids_dtype(values: np.ndarray, pad_id: int) -> np.dtype | None:
         return None
     fits = high <= _INT32_HIGH and _INT32_LOW <= pad_id <= _INT32_HIGH
     return np.dtype(np.int32) if fits else np.dtype(np.int64)
+
+
+def compact_tensors(batch: Any, pin_memory: bool = False) -> Any:
+    """A compact batch from a dataloader worker with its NumPy arrays wrapped as tensors (no copy;
+    pinned, which copies them, with ``pin_memory``); any other batch as is.
+
+    Args:
+        batch: what the worker sent.
+        pin_memory: pin the tensors for a faster, asynchronous copy to the GPU.
+    """
+    if type(batch) is not dict or COMPACT_LAYOUT not in batch:
+        return batch
+    for key, value in batch.items():
+        if isinstance(value, np.ndarray):
+            tensor = torch.from_numpy(value)
+            batch[key] = tensor.pin_memory() if pin_memory else tensor
+    return batch
 
 
 def compact_packed_batch(values: np.ndarray, dtype: np.dtype, width: int, seq_lens: Sequence[int], documents: int,

@@ -12,15 +12,20 @@ anonymous memory grows by 100-250 MB in the first part of a run before it levels
 dataloader worker, as ``torch.utils.data.default_collate`` does: no heap block, no copy on the
 way out. In the main process (``num_workers=0``) it is NumPy memory wrapped once (torch's own
 allocation costs more inside the dataloader's per-batch profiling scope). :func:`batch_planes`
-hands out such a block's planes as separate tensors, and :func:`batch_parts` arrays of different
-shapes and dtypes that share one buffer (a compact batch: int32 token ids, int64 lengths, a bool
-mask), so that they too leave the worker as one segment.
+hands out such a block's planes as separate tensors.
+
+:func:`batch_parts` is for compact batches (int32 token ids, int64 lengths, a bool mask: a few tens
+of KB). In a dataloader worker it hands out plain NumPy arrays, which the worker's queue pickles
+inline: for buffers this small that costs both processes less than a shared-memory segment, whose
+file descriptor travels through a separate socket handshake with the worker (measured in
+``benchmarks/bench_main_process.py``). The train loader wraps them as tensors in the main process.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,11 +80,10 @@ def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 _PART_ALIGNMENT = 8
 
 
-def batch_parts(parts: Sequence[tuple[tuple[int, ...], np.dtype]]) -> tuple[list[np.ndarray], list[torch.Tensor]]:
-    """Uninitialised arrays of the given shapes and dtypes in one buffer, and the same as tensors.
-
-    In a dataloader worker the buffer is one shared-memory storage, so the parts leave the worker
-    as one segment whatever their dtypes; in the main process it is one NumPy buffer.
+def batch_parts(parts: Sequence[tuple[tuple[int, ...], np.dtype]]) -> tuple[list[np.ndarray], list[Any]]:
+    """Uninitialised arrays of the given shapes and dtypes in one buffer, and what a batch carries
+    of them: tensors sharing their memory in the main process, the arrays themselves in a
+    dataloader worker (pickled inline on the way out; see the module docstring).
 
     Args:
         parts: ``(shape, dtype)`` of each part, in order (dtypes of at most 8 bytes per item).
@@ -88,25 +92,9 @@ def batch_parts(parts: Sequence[tuple[tuple[int, ...], np.dtype]]) -> tuple[list
     for shape, dtype in parts:
         offsets.append(total)
         total += -(-math.prod(shape) * np.dtype(dtype).itemsize // _PART_ALIGNMENT) * _PART_ALIGNMENT
-    if get_worker_info() is None:
-        buffer = torch.from_numpy(np.empty(max(total, 1), dtype=np.uint8))
-    else:
-        buffer = batch_tensor((max(total, 1),), torch.uint8)
-    arrays, tensors = [], []
-    for (shape, dtype), offset in zip(parts, offsets):
-        dtype = np.dtype(dtype)
-        size = math.prod(shape) * dtype.itemsize
-        tensor = buffer[offset: offset + size].view(_torch_dtype(dtype)).view(shape)
-        tensors.append(tensor)
-        arrays.append(tensor.numpy())
-    return arrays, tensors
-
-
-_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {}
-
-
-def _torch_dtype(dtype: np.dtype) -> torch.dtype:
-    torch_dtype = _TORCH_DTYPES.get(dtype)
-    if torch_dtype is None:
-        torch_dtype = _TORCH_DTYPES[dtype] = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
-    return torch_dtype
+    buffer = np.empty(max(total, 1), dtype=np.uint8)
+    arrays = [buffer[offset: offset + math.prod(shape) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+              for (shape, dtype), offset in zip(parts, offsets)]
+    if get_worker_info() is not None:
+        return arrays, arrays
+    return arrays, [torch.from_numpy(array) for array in arrays]

@@ -17,7 +17,7 @@ from collate_samples import PAD, doc
 from test_padded import random_document_samples
 
 from lightning_tune_data.collate import PackedCollator, PaddedCollator, expand_batch
-from lightning_tune_data.collate.compact import compact_ids_dtype
+from lightning_tune_data.collate.compact import compact_ids_dtype, compact_tensors
 from lightning_tune_data.collate.expand import _EXPANSIONS
 from lightning_tune_data.keys import COMPACT_LAYOUT, INPUT_IDS, PROVENANCE, ROW_LENGTHS, SEQ_LENS, TARGET_MASK
 from lightning_tune_data.packing.packer import IterablePackedDataset
@@ -135,6 +135,10 @@ def test_wide_token_ids_travel_as_int64_and_expand_to_the_same_batch() -> None:
     assert_same_batch(expanded(batch), PaddedCollator(PAD)(samples))
 
 
+def as_is(batch: Any) -> Any:
+    return batch
+
+
 class PackedBatches(torch.utils.data.IterableDataset):
     def __iter__(self):
         collator = PackedCollator(pad_id=9, max_seq_len=32, compact=True)
@@ -142,12 +146,15 @@ class PackedBatches(torch.utils.data.IterableDataset):
         yield collator(packs)
 
 
-def test_a_compact_batch_crosses_a_worker_process_in_one_shared_storage() -> None:
-    loader = torch.utils.data.DataLoader(PackedBatches(), batch_size=None, num_workers=1)
+def test_a_compact_batch_leaves_a_worker_as_arrays_pickled_inline_and_the_loader_wraps_them() -> None:
+    # the collator's batch as is (as the train loader's collate_fn returns it; default_convert would wrap it)
+    loader = torch.utils.data.DataLoader(PackedBatches(), batch_size=None, num_workers=1, collate_fn=as_is)
     (batch,) = list(loader)
-    tensors = [batch[INPUT_IDS], batch[SEQ_LENS], batch[TARGET_MASK]]
-    assert len({tensor.untyped_storage().data_ptr() for tensor in tensors}) == 1
-    assert all(tensor.is_shared() for tensor in tensors)
+    assert all(isinstance(batch[key], np.ndarray) for key in (INPUT_IDS, SEQ_LENS, TARGET_MASK))  # no shm segment
+    batch = compact_tensors(batch)
+    assert all(isinstance(batch[key], torch.Tensor) for key in (INPUT_IDS, SEQ_LENS, TARGET_MASK))
     packs = packer_packs("concat", masked=True, count=4)
     assert_same_batch(expanded(batch), PackedCollator(pad_id=9, max_seq_len=32)(packs))
     assert isinstance(batch[PROVENANCE]["source"], list)
+    full = {INPUT_IDS: np.zeros(2)}
+    assert compact_tensors(full) is full and isinstance(full[INPUT_IDS], np.ndarray)  # only compact batches

@@ -25,6 +25,7 @@ from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_tune_data.collate.compact import compact_tensors
+from lightning_tune_data.loading.worker_states import EncodedStateStream
 
 __all__ = ["DATASET_KEY", "EPOCH_KEY", "LOADER_KEY", "ResumableLoader"]
 
@@ -66,8 +67,9 @@ class ResumableLoader:
 
     @property
     def dataset(self) -> Any:
-        """The dataset the inner loader reads."""
-        return self.loader.dataset
+        """The dataset the inner loader reads (its workers read it wrapped, to encode its state)."""
+        dataset = self.loader.dataset
+        return dataset.stream if isinstance(dataset, EncodedStateStream) else dataset
 
     @property
     def batch_size(self) -> int | None:

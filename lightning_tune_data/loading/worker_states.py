@@ -13,7 +13,12 @@ batch. :class:`TrainDataLoader` keeps the same information and builds the same s
   the flat dicts of its moment, kept as long as the loader keeps that state;
 * the nested state is built from them (torchdata's own ``_unflatten``) when ``state_dict()`` or a
   recorded state is called: at a checkpoint;
-* whether the sampler and its iterator are ``Stateful`` is asked once per object.
+* whether the sampler and its iterators are ``Stateful`` is asked once per object;
+* an iterable dataset reaches the workers wrapped in :class:`EncodedStateStream`, whose
+  ``state_dict()`` is the stream's state pickled into one ``bytes`` value: torchdata then sends
+  that value as the delta of every batch, which the main process receives as one string (a copy)
+  instead of unpickling the stream's nested state (a packer's open packs are thousands of ints)
+  at every batch; it is decoded when a state is built.
 
 The states it builds are the ones ``StatefulDataLoader`` builds, key for key (tested against it),
 and it restores from them the same way. This module and ``checkpoint.py`` are the two places that
@@ -22,10 +27,12 @@ know torchdata's private layout, so a torchdata change shows up here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import pickle
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
+from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.incremental_state import (
     _DATASET_ITER_STATE,
@@ -35,6 +42,7 @@ from torchdata.stateful_dataloader.incremental_state import (
     _WORKER_ID,
     _unflatten,
 )
+from torchdata.stateful_dataloader.sampler import _BatchSamplerIterator
 from torchdata.stateful_dataloader.stateful import Stateful
 from torchdata.stateful_dataloader.stateful_dataloader import (
     _INDEX_SAMPLER_STATE,
@@ -46,18 +54,65 @@ from torchdata.stateful_dataloader.stateful_dataloader import (
     _StatefulMultiProcessingDataLoaderIter,
 )
 
-__all__ = ["TrainDataLoader"]
+__all__ = ["ENCODED_STATE", "EncodedStateStream", "TrainDataLoader", "decoded_state"]
 
 #: A recorded state: snapshot step, last yielded worker, main snapshot, and per worker
 #: ``(key, worker id, fetcher ended, flat dataset state, flat dataset-iterator state)``.
 _Recorded = tuple[int, int, dict, list[tuple[str, Any, Any, dict, dict]]]
 
 
+#: The key of :class:`EncodedStateStream`'s state: the stream's state, pickled.
+ENCODED_STATE = "encoded_stream_state"
+
+
+class EncodedStateStream(IterableDataset):
+    """An iterable dataset as dataloader workers see it: the same items, its state as one pickled value.
+
+    Args:
+        stream: the train stream (``state_dict``/``load_state_dict``).
+    """
+
+    def __init__(self, stream: IterableDataset) -> None:
+        self.stream = stream
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.stream)
+
+    def state_dict(self) -> dict[str, bytes]:
+        """``{ENCODED_STATE: the stream's state, pickled}``."""
+        return {ENCODED_STATE: pickle.dumps(self.stream.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load an encoded state or the stream's own.
+
+        Args:
+            state: what :meth:`state_dict` returned, or the stream's plain state.
+        """
+        self.stream.load_state_dict(decoded_state(state))
+
+
+def decoded_state(state: Any) -> Any:
+    """The stream state an :class:`EncodedStateStream` state holds; any other state as is.
+
+    Args:
+        state: a worker's dataset state.
+    """
+    if isinstance(state, dict) and len(state) == 1 and ENCODED_STATE in state:
+        return pickle.loads(state[ENCODED_STATE])
+    return state
+
+
 class TrainDataLoader(StatefulDataLoader):
     """A ``StatefulDataLoader`` whose iterator, with workers, records states lazily (module docstring).
 
-    Takes the arguments of ``StatefulDataLoader``. Without workers it is ``StatefulDataLoader``.
+    Takes the arguments of ``StatefulDataLoader`` (an iterable dataset is wrapped in
+    :class:`EncodedStateStream` when there are workers). Without workers it is ``StatefulDataLoader``.
     """
+
+    def __init__(self, dataset: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("num_workers", 0) > 0 and isinstance(dataset, IterableDataset):
+            dataset = EncodedStateStream(dataset)
+        super().__init__(dataset, *args, **kwargs)
 
     def _get_iterator(self) -> Any:
         if self.num_workers == 0:
@@ -111,12 +166,24 @@ class _RecordingWorkersIterator(_StatefulMultiProcessingDataLoaderIter):
         }
 
     def _serialized(self, obj: Any) -> Any:
-        """``try_to_serialize(obj)``, with the protocol check made once per object."""
+        """``try_to_serialize(obj)``, with the protocol checks made once per object (torchdata's
+        batch sampler iterator's ``state_dict`` makes two more per call: its state is built here)."""
+        if type(obj) is _BatchSamplerIterator:
+            state = {obj._SAMPLES_YIELDED: obj.samples_yielded}
+            if self._stateful(obj.sampler):
+                state[obj._SAMPLER_STATE] = obj.sampler.state_dict()
+            if self._stateful(obj.sampler_iter):
+                state[obj._SAMPLER_ITER_STATE] = obj.sampler_iter.state_dict()
+            return state
+        return obj.state_dict() if self._stateful(obj) else None
+
+    def _stateful(self, obj: Any) -> bool:
+        """``isinstance(obj, Stateful)``, asked once per object."""
         known = self.__dict__.setdefault("_stateful_objects", {})
         entry = known.get(id(obj))
         if entry is None or entry[0] is not obj:
             entry = known[id(obj)] = (obj, isinstance(obj, Stateful))
-        return obj.state_dict() if entry[1] else None
+        return entry[1]
 
 
 def _built_state(recorded: _Recorded, yielded: int, finished: bool) -> dict[str, Any]:
@@ -126,7 +193,8 @@ def _built_state(recorded: _Recorded, yielded: int, finished: bool) -> dict[str,
     worker_states = {}
     for key, worker_id, ended, dataset_flat, iterator_flat in workers:
         fetcher = None if ended is None else {_FETCHER_ENDED: ended, _DATASET_ITER_STATE: _unflatten(iterator_flat)}
-        worker_states[key] = {_WORKER_ID: worker_id, _DATASET_STATE: _unflatten(dataset_flat), _FETCHER_STATE: fetcher}
+        worker_states[key] = {_WORKER_ID: worker_id, _DATASET_STATE: decoded_state(_unflatten(dataset_flat)),
+                              _FETCHER_STATE: fetcher}
     snapshot = {cls._SNAPSHOT_STEP: step, cls._LAST_YIELDED_WORKER_ID: last_worker, cls._MAIN_SNAPSHOT: main_snapshot,
                 cls._WORKER_SNAPSHOTS: worker_states}
     return {cls._SNAPSHOT: snapshot, cls._STEPS_SINCE_SNAPSHOT: yielded - step, _ITERATOR_FINISHED: finished}

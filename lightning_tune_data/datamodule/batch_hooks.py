@@ -16,7 +16,23 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_tune_data.collate.expand import expand_batch
 
-__all__ = ["TrainBatchHooks"]
+__all__ = ["TrainBatchHooks", "compact_pays"]
+
+
+def compact_pays(trainer: Any, num_workers: int) -> bool:
+    """Whether compact train batches pay: a Trainer expands them (``on_after_batch_transfer``), and
+    they either cross from dataloader workers (a fraction of the bytes to receive) or go to an
+    accelerator (a fraction of the bytes to copy; the expansion runs there). In a CPU run without
+    workers the full batch costs less to write than a compact one plus its expansion.
+
+    Args:
+        trainer: the Trainer attached to the datamodule, or ``None``.
+        num_workers: the train loader's worker processes.
+    """
+    if trainer is None:
+        return False
+    device = getattr(getattr(trainer, "strategy", None), "root_device", None)
+    return num_workers > 0 or getattr(device, "type", "cpu") != "cpu"
 
 
 class TrainBatchHooks:

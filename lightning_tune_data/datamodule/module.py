@@ -32,7 +32,7 @@ from lightning.pytorch import LightningDataModule
 from lightning_tune_data.cache.checksums import VerifyMode
 from lightning_tune_data.cache.root import StoreRoot, default_local_cache_dir
 from lightning_tune_data.collate import PackedCollator, PaddedCollator
-from lightning_tune_data.datamodule.batch_hooks import TrainBatchHooks
+from lightning_tune_data.datamodule.batch_hooks import TrainBatchHooks, compact_pays
 from lightning_tune_data.datamodule.eval_loaders import eval_loaders
 from lightning_tune_data.datamodule.manager_data import loaded_dataset, prepare_datasets, set_up_datasets
 from lightning_tune_data.datamodule.splits import SPLITS, dataloader_name, dataloader_names, tell_managers_their_names
@@ -102,8 +102,8 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
         cache_budget: most bytes of each remote train store kept on this node (``"50GB"``): a larger
             store is read shard by shard, fetched ahead of need (``None``: copied whole).
         shuffle_window: shards a budgeted store's shuffle mixes at once (default: budget's / 4).
-        compact_batches: ``True`` (default): under a Trainer, train batches travel compact and
-            ``on_after_batch_transfer`` derives the same full batch on the device. ``False``: full batches.
+        compact_batches: ``True`` (default): under a Trainer with workers or an accelerator, train batches
+            travel compact and ``on_after_batch_transfer`` derives the same full batch on the device.
     """
 
     def __init__(
@@ -233,10 +233,10 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
 
     def train_collator(self) -> PaddedCollator | PackedCollator:
         """The train batches' collator: packs stacked when packing, else one padded document per row;
-        compact batches when ``compact_batches`` and a Trainer (which expands them) drives this datamodule."""
+        compact batches where they pay (:func:`compact_pays`)."""
         cls = PackedCollator if self.packing is not None else PaddedCollator
         return cls(pad_id=self.tokenizer.pad_id, max_seq_len=self.max_seq_len, pad_to_multiple_of=self.pad_to_multiple_of,
-                   compact=self.compact_batches and getattr(self, "trainer", None) is not None)
+                   compact=self.compact_batches and compact_pays(getattr(self, "trainer", None), self.num_workers))
 
     def train_dataloader(self) -> ResumableLoader:
         """The train stream in a ``StatefulDataLoader``, restored from a checkpoint if one was loaded."""

@@ -1,6 +1,6 @@
 """The datamodule's batch-transfer hooks under a real Trainer: compact train batches reach the model
 as exactly the batches full ones give, for every packing strategy, plain and prompt-masked sources,
-with workers, and after an exact and an elastic resume; the model's own hook still runs.
+from a dataloader worker, and after an exact and an elastic resume; the model's own hook still runs.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_tune_data import LocalDatasetManager, TextDataModule
+from lightning_tune_data.datamodule.batch_hooks import compact_pays
 from lightning_tune_data.keys import COMPACT_LAYOUT, INPUT_IDS, LABELS, TARGET_MASK
 from lightning_tune_data.models import TinyCausalLM
 
-STEPS = 6
+STEPS = 4
 
 
 @pytest.fixture
@@ -59,7 +60,7 @@ def datamodule(corpus: Path, masked: bool, **options) -> TextDataModule:
         managers["sft"] = LocalDatasetManager(
             data_files=str(corpus / "sft.jsonl"), weight=0.5,
             preprocess_function="lightning_tune_data.preprocess.tokenize_prompt_completion")
-    settings = dict(max_seq_len=48, batch_size=3, num_workers=0, seed=3, cache_dir=str(corpus / "cache"))
+    settings = dict(max_seq_len=48, batch_size=3, num_workers=1, seed=3, cache_dir=str(corpus / "cache"))
     settings.update(options)
     return TextDataModule({"train": managers}, **settings)
 
@@ -91,8 +92,9 @@ def assert_same_model_batches(got: BatchRecorder, want: BatchRecorder) -> None:
     assert got.provenance == want.provenance
 
 
-@pytest.mark.parametrize("packing", [None, "greedy", "best_fit", "concat"])
-@pytest.mark.parametrize("masked", [False, True], ids=["plain", "prompt-masked"])
+@pytest.mark.slow
+@pytest.mark.parametrize(("packing", "masked"), [(None, False), (None, True), ("greedy", True), ("best_fit", False),
+                                                 ("best_fit", True), ("concat", True)])
 def test_the_model_trains_on_the_same_batches_whether_they_travel_compact_or_full(corpus, tmp_path, packing, masked):
     compact = fit(corpus, tmp_path / "compact", masked, packing=packing)
     full = fit(corpus, tmp_path / "full", masked, packing=packing, compact_batches=False)
@@ -113,7 +115,7 @@ def test_compact_batches_from_workers_resume_exactly_and_elastically_like_full_o
     resumed_full = fit(corpus, tmp_path / "resumed-full", True, steps=9, ckpt=ckpt, compact_batches=False, **options)
     assert_same_model_batches(resumed_full, _tail(compact, 3))  # the compact run's checkpoint, resumed exactly
     # another number of workers: the elastic path; compact and full resumed runs see the same batches
-    elastic = dict(packing="best_fit", num_workers=1)
+    elastic = dict(packing="best_fit", num_workers=3)
     elastic_compact = fit(corpus, tmp_path / "elastic-compact", True, steps=9, ckpt=ckpt, **elastic)
     elastic_full = fit(corpus, tmp_path / "elastic-full", True, steps=9, ckpt=ckpt, compact_batches=False, **elastic)
     assert_same_model_batches(elastic_compact, elastic_full)
@@ -125,6 +127,7 @@ def _tail(recorder: BatchRecorder, start: int) -> BatchRecorder:
     return tail
 
 
+@pytest.mark.slow
 def test_the_models_own_after_transfer_hook_still_runs_on_the_expanded_batch(corpus, tmp_path):
     seen = []
 
@@ -137,9 +140,20 @@ def test_the_models_own_after_transfer_hook_still_runs_on_the_expanded_batch(cor
     assert seen and all(has_labels and not compact for has_labels, compact in seen)
 
 
+@pytest.mark.slow
 def test_without_a_trainer_the_loader_hands_out_full_batches(corpus):
     dm = datamodule(corpus, True, packing="best_fit")
     dm.prepare_data()
     dm.setup("fit")
-    batch = next(iter(dm.train_dataloader()))
+    loader = dm.train_dataloader()
+    batch = next(iter(loader))
+    loader._iterator = None
     assert COMPACT_LAYOUT not in batch and batch[INPUT_IDS].dtype == torch.int64 and LABELS in batch
+
+
+def test_compact_batches_are_used_where_they_pay_and_nowhere_else(corpus, tmp_path):
+    cpu_trainer = Trainer(accelerator="cpu", logger=False, default_root_dir=tmp_path)
+    assert compact_pays(cpu_trainer, num_workers=2) and not compact_pays(cpu_trainer, num_workers=0)
+    assert not compact_pays(None, num_workers=2)  # no Trainer: nothing would expand them
+    without_workers = fit(corpus, tmp_path / "in-process", False, steps=2, packing="concat", num_workers=0)
+    assert not any(COMPACT_LAYOUT in keys for keys in without_workers.loader_keys)  # a CPU run without workers

@@ -122,7 +122,7 @@ def _run_version(spec: dict, package: Path) -> dict:
 
 
 def run(ctx) -> list[Result]:
-    seconds = 0.6 if ctx.quick else 1.5
+    seconds = 0.5 if ctx.quick else 1.5
     repeats = 2 if ctx.quick else max(2, ctx.repeats)
     base = base_package(ctx.data_dir)
     samples: dict[tuple[str, str, str], list[dict]] = {}

@@ -146,6 +146,7 @@ class PackedBatches(torch.utils.data.IterableDataset):
         yield collator(packs)
 
 
+@pytest.mark.slow
 def test_a_compact_batch_leaves_a_worker_as_arrays_pickled_inline_and_the_loader_wraps_them() -> None:
     # the collator's batch as is (as the train loader's collate_fn returns it; default_convert would wrap it)
     loader = torch.utils.data.DataLoader(PackedBatches(), batch_size=None, num_workers=1, collate_fn=as_is)

@@ -48,6 +48,7 @@ def assert_same_batches(got: list[dict], want: list[dict]) -> None:
         assert a["provenance"] == b["provenance"]
 
 
+@pytest.mark.slow
 def test_the_states_built_on_demand_are_the_states_torchdata_builds_after_every_batch() -> None:
     ours, our_states = batches_and_states(loader(TrainDataLoader), BATCHES)
     theirs, their_states = batches_and_states(loader(StatefulDataLoader), BATCHES)
@@ -55,6 +56,7 @@ def test_the_states_built_on_demand_are_the_states_torchdata_builds_after_every_
     assert our_states == their_states
 
 
+@pytest.mark.slow
 def test_states_recorded_by_reference_keep_their_moment_and_resume_exactly() -> None:
     made = loader(TrainDataLoader)
     resumable = ResumableLoader(made, history=BATCHES + 1)
@@ -72,6 +74,7 @@ def test_states_recorded_by_reference_keep_their_moment_and_resume_exactly() -> 
         resumed.loader._iterator._shutdown_workers()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compact", [False, True])
 def test_batches_from_workers_are_the_iterators_own_with_tensors_and_the_end_of_a_finite_stream(compact) -> None:
     documents = [{"input_ids": np.arange(1, 6, dtype=np.int32) + i} for i in range(12)]

@@ -16,8 +16,8 @@ threads, not the workers) per batch and the batches (and real tokens) delivered 
 
 * **today's**: the package as of ``BASE_COMMIT`` (extracted with ``git archive`` into
   ``<data-dir>/base-<commit>``), at 0 workers (the in-process production cost) and 2 workers;
-* **ours**: this checkout at 0 workers (full batches, what a loop without a Trainer gets), and at 2
-  workers with compact batches (what a Trainer's loader hands out; ``compact_batches=True``)
+* **ours**: this checkout at 0 workers (full batches, what a loop without a Trainer gets; compact;
+  compact and expanded on the host), section 9's blocks reader in the same process, and at 2 workers with compact batches (what a Trainer's loader hands out; ``compact_batches=True``)
   received as they are, received and expanded on the host (``expand_batch``: the model-ready
   batch of a CPU run; on a GPU run the expansion runs on the device), and with full batches
   (``compact_batches=False``); and at 0 workers compact and expanded in the same process.
@@ -51,10 +51,11 @@ CONFIGS = {"unpacked": (False, None, 16), "best_fit": (True, "best_fit", 8), "co
 WARMUP = 5
 #: Measurements per version: (name, workers, compact, expand); "base" runs only the first kind.
 BASE_RUNS = [("w0", 0, None, False), ("w2", 2, None, False)]
-OUR_RUNS = [("w0", 0, False, False), ("w0 compact+expand", 0, True, True), ("w2 compact", 2, True, False),
-            ("w2 compact+expand", 2, True, True), ("w2 full", 2, False, False)]
+OUR_RUNS = [("blocks", 0, None, False), ("w0", 0, False, False), ("w0 compact", 0, True, False),
+            ("w0 compact+expand", 0, True, True), ("w2 compact", 2, True, False), ("w2 compact+expand", 2, True, True),
+            ("w2 full", 2, False, False)]
 #: What a quick run leaves out (to stay near a minute and a half on 2 cores).
-QUICK_SKIPS = {"w0 compact+expand", "w2 full"}
+QUICK_SKIPS = {"w2 full"}
 GOAL_US = 300.0
 
 
@@ -87,6 +88,9 @@ def measure(spec: dict) -> dict:
     for name, workers, compact, expand in spec["runs"]:
         dm = common.make_datamodule(Path(spec["parquet"]), Path(spec["cache_dir"]), interleaved, packing, workers,
                                     batch_size)
+        if name == "blocks":
+            out[name] = _blocks_reader(dm, spec, batch_size)
+            continue
         expand_batch = None
         if compact is not None:
             from lightning_tune_data.collate import PackedCollator, PaddedCollator, expand_batch
@@ -113,6 +117,24 @@ def measure(spec: dict) -> dict:
     return out
 
 
+def _blocks_reader(dm, spec: dict, batch_size: int) -> dict:
+    """Section 9's blocks reader (random ``[B, 2049]`` windows of the flat tokens), CPU per batch."""
+    import bench_hotpath
+
+    flat = bench_hotpath.flat_tokens(dm.dataset("train", next(iter(dm.dataset_managers["train"]))),
+                                     Path(spec["cache_dir"]).parent / f"flat_tokens_{Path(spec['parquet']).stem}.npy")
+    reader = bench_hotpath.BlocksReader(flat, batch_size, seed=0)
+    for _ in range(WARMUP):
+        next(reader)
+    count, cpu0, start = 0, _cpu(), time.perf_counter()
+    while time.perf_counter() - start < spec["seconds"]:
+        next(reader)
+        count += 1
+    wall = time.perf_counter() - start
+    return {"cpu_us": (_cpu() - cpu0) / count * 1e6, "batches_s": count / wall, "tokens_s": count * batch_size * 2048 / wall,
+            "batches": count}
+
+
 def _run_version(spec: dict, package: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, str(Path(__file__).resolve()), "measure", json.dumps(spec)], env=env,
@@ -124,7 +146,7 @@ def _run_version(spec: dict, package: Path) -> dict:
 
 
 def run(ctx) -> list[Result]:
-    seconds = 0.5 if ctx.quick else 1.5
+    seconds = 0.4 if ctx.quick else 1.5
     repeats = 2 if ctx.quick else max(2, ctx.repeats)
     base = base_package(ctx.data_dir)
     samples: dict[tuple[str, str, str], list[dict]] = {}
@@ -183,6 +205,16 @@ def results_of(samples: dict, seconds: float, repeats: int) -> list[Result]:
                                        rate("ours", "w2 full"), "batches/s", "today's, 2 workers", rate("base", "w2"))),
             Result("main_process", config, "delivered batches/s, 0 workers", rate("ours", "w0"), "batches/s",
                    "today's, 0 workers", rate("base", "w0")),
+            # in-process, the loader's output against section 9's blocks reader (CPU time per batch: ratio = blocks / ours)
+            ("blocks", lambda: Result("main_process", config, "in-process loader output, compact: blocks reader's CPU/batch "
+                                      "over ours", cpu("ours", "blocks") / cpu("ours", "w0 compact"), "x",
+                                      "the same with full batches", cpu("ours", "blocks") / made,
+                                      note=f"blocks reader {cpu('ours', 'blocks'):.0f} us/batch of {CONFIGS[config][2]} "
+                                           "rows; goals of section 9: concat >= 0.5x, best_fit >= 0.3x")),
+            ("blocks", lambda: Result("main_process", config, "in-process model-ready (compact + expanded on the host): "
+                                      "blocks reader's CPU/batch over ours",
+                                      cpu("ours", "blocks") / cpu("ours", "w0 compact+expand"), "x",
+                                      "the same with full batches", cpu("ours", "blocks") / made)),
         ]
         for row in rows:
             if isinstance(row, Result):

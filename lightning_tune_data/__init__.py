@@ -5,7 +5,7 @@ Mental model: source -> dataset (stream) -> interleave / pack -> loader -> train
 
 from lightning_tune_data.version import __version__
 
-from lightning_tune_data.collate import PackedCollator, PaddedCollator, shifted_labels
+from lightning_tune_data.collate import PackedCollator, PaddedCollator, expand_batch, shifted_labels
 from lightning_tune_data.datamodule.module import TextDataModule
 from lightning_tune_data.datamodule.store_tasks import finalize_stores, prepare_task, repair_stores
 from lightning_tune_data.models.harness import Harness, MetricSpec
@@ -64,6 +64,7 @@ __all__ = [
     "UnconditionalGenerationDatasetManager",
     "WeightTimeline",
     "interleave_datasets",
+    "expand_batch",
     "shifted_labels",
     "split_loss_by_source",
 ]

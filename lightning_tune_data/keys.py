@@ -39,6 +39,17 @@ SEQ_LENS = "seq_lens"
 #: The batch's side channel: plain lists with one entry per document.
 PROVENANCE = "provenance"
 
+# -- a compact batch, as a train worker sends it (expanded into the keys above after transfer) --
+#: Which compact layout a batch has (one of ``COMPACT_LAYOUTS``); absent from a full batch.
+COMPACT_LAYOUT = "compact_layout"
+#: ``[B, L]`` bool: ``True`` where the label is a target (sent only when some document masks targets).
+TARGET_MASK = "target_mask"
+#: ``[B]`` real tokens of each row of a compact padded batch.
+ROW_LENGTHS = "row_lengths"
+CompactLayout = Literal["packed", "padded"]
+#: The compact layouts: packs (rows of documents, ``seq_lens``) and padded documents (one per row).
+COMPACT_LAYOUTS: tuple[str, ...] = CompactLayout.__args__
+
 # -- provenance: one entry per document of a batch ------------------------------------------------
 TOKENS = "tokens"
 ROW = "row"

@@ -23,6 +23,7 @@ COVERED_BY = {
     "collate/base.py": "tests/collate/test_collate.py",
     "collate/padded.py": "tests/collate/test_collate.py",
     "collate/packed.py": "tests/collate/test_collate.py",
+    "collate/provenance.py": "tests/packing/test_packed_hot_path.py",
     "cli/__init__.py": "tests/cli/test_cli.py",
     "cli/progress.py": "tests/cli/test_cli.py",
     "commands/__init__.py": "tests/cli/test_cli.py",

@@ -17,6 +17,10 @@ every other key of the packer's per-document provenance, such as ``truncated_tok
 ``dropped_before``). It is small, crosses the worker boundary cheaply, and feeds the per-source
 metrics and per-source losses in the main process.
 
+With ``compact=True`` both write a *compact* batch instead (token ids, lengths, a target mask only
+when a document masks targets, provenance: :mod:`lightning_tune_data.collate.compact`) for a
+dataloader worker to send, and :func:`expand_batch` derives the full batch from it after transfer.
+
 ``PackedCollator`` builds a batch of the packer's own packs (``PackedSample``) in bulk from their
 document pieces; any other packed samples (plain dicts) are validated and copied row by row.
 """
@@ -24,7 +28,9 @@ document pieces; any other packed samples (plain dicts) are validated and copied
 from __future__ import annotations
 
 from lightning_tune_data.collate.base import shifted_labels
-from lightning_tune_data.collate.packed import PackedCollator, packed_provenance
+from lightning_tune_data.collate.expand import expand_batch
+from lightning_tune_data.collate.packed import PackedCollator
+from lightning_tune_data.collate.provenance import packed_provenance
 from lightning_tune_data.collate.padded import PaddedCollator
 from lightning_tune_data.keys import (
     ATTENTION_MASK,
@@ -66,6 +72,7 @@ __all__ = [
     "SOURCE",
     "TOKENS",
     "TRUNCATED_TOKENS",
+    "expand_batch",
     "packed_provenance",
     "shifted_labels",
 ]

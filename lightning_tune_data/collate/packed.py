@@ -17,11 +17,14 @@ from torch.utils.data import get_worker_info
 from lightning_tune_data.collate.base import (
     PACKED_PROVENANCE_KEYS,
     ArangeCache,
+    ScratchTokens,
     checked_collator_options,
     one_d_array,
     padded_length,
     required_field,
 )
+from lightning_tune_data.collate.compact import compact_packs
+from lightning_tune_data.collate.provenance import packed_provenance, piece_targets, segment_targets
 from lightning_tune_data.collate.worker_memory import batch_planes, batch_tensor
 from lightning_tune_data.keys import (
     ATTENTION_MASK,
@@ -44,7 +47,7 @@ from lightning_tune_data.keys import (
 )
 from lightning_tune_data.packing.pack import Pack, PackedSample
 from lightning_tune_data.packing.pieces import DROPPED_AT, EPOCH_AT, LENGTH_AT, NEW_DOCUMENT_AT, SOURCE_AT, TRUNCATED_AT
-from lightning_tune_data.packing.rows import integer_bounds, write_rows
+from lightning_tune_data.packing.rows import write_rows
 
 
 _PACK, _REFS, _LENGTH = operator.attrgetter("pack"), operator.attrgetter("refs"), operator.attrgetter("length")
@@ -73,67 +76,6 @@ def _outputs(planes: int, batch_size: int, width: int, max_documents: int,
         batch_size, max_documents)
 
 
-def segment_targets(labels: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """How many labels of each segment of ``labels`` are targets (not ``-100``), in one reduction.
-
-    Args:
-        labels: 1-D labels (a batch's, flattened, or one pack's).
-        starts: first position of each segment, increasing from 0; a segment runs to the next
-            start (the last one to the end). Only non-empty segments get a meaningful count.
-    """
-    targets = (labels != IGNORE_INDEX).view(np.uint8)
-    inside = int(np.searchsorted(starts, labels.shape[0]))  # empty segments at the very end start past it
-    counts = np.zeros(starts.shape[0], dtype=np.int32)
-    counts[:inside] = np.add.reduceat(targets, starts[:inside], dtype=np.int32)
-    return counts
-
-
-def packed_provenance(rows: Sequence[Sequence[Mapping[str, Any]]],
-                      target_tokens: Sequence[int] | None = None) -> dict[str, list[Any]]:
-    """The per-document provenance of packed rows as one dict of lists, flattened over rows.
-
-    Every key found in any document's provenance dict is carried, and always ``truncated_tokens``
-    and ``dropped_before`` (the length-policy counts the metrics read); a document without a key
-    gets ``0``.
-    ``row`` is added: the batch row each document sits in.
-
-    Args:
-        rows: per batch row, the provenance dicts of its documents, in order.
-        target_tokens: target labels of each document, flattened over rows (the collator counts
-            them from the labels it writes); written as ``target_tokens`` when given.
-    """
-    documents = [document for row in rows for document in row]
-    provenance: dict[str, list[Any]] = {
-        SOURCE: [str(d[SOURCE]) for d in documents],
-        EPOCH: [int(d[EPOCH]) for d in documents],
-        TOKENS: [int(d[TOKENS]) for d in documents],
-        ROW: [row for row, documents_in_row in enumerate(rows) for _ in documents_in_row],
-        NEW_DOCUMENT: [bool(d[NEW_DOCUMENT]) for d in documents],
-    }
-    if target_tokens is not None:
-        provenance[TARGET_TOKENS] = [int(count) for count in target_tokens]
-    for key in sorted(set().union(*documents, (TRUNCATED_TOKENS, DROPPED_BEFORE)).difference(provenance)):
-        provenance[key] = [document.get(key, 0) for document in documents]
-    return provenance
-
-
-def _piece_targets(packs: Sequence[Pack], lens: Sequence[int], joined: np.ndarray | None, flat_labels: np.ndarray,
-                   segment_starts: np.ndarray, segment_documents: np.ndarray) -> list[int]:
-    """How many labels of each piece of a bulk-collated batch are targets, in order.
-
-    A piece labelled by the shift has ``length - 1`` targets unless one of its tokens is
-    ``IGNORE_INDEX`` itself: with the rows joined from flat token arrays whose values cannot be
-    ``IGNORE_INDEX`` and no piece carrying its own labels, that is the count, from the lengths
-    alone (a reduction over the labels cost about a tenth of a ``concat`` batch). Otherwise the
-    labels are counted segment by segment.
-    """
-    if joined is not None and all(pack.extras is None for pack in packs):
-        low, _ = integer_bounds(joined.dtype)
-        if low > IGNORE_INDEX or joined.min() > IGNORE_INDEX:
-            return [length - 1 for length in lens]
-    return segment_targets(flat_labels, segment_starts)[segment_documents != PAD_DOCUMENT_ID].tolist()  # no padding
-
-
 class PackedCollator:
     """Stack *packed samples* (several documents per row) into one batch.
 
@@ -155,10 +97,13 @@ class PackedCollator:
     and a pack longer than ``max_seq_len`` means the packer and the collator were configured
     with different lengths, which is reported as an error.
 
+    ``compact=True``: the packer's own packs make a compact batch (``collate.compact``) instead.
+
     Args:
         pad_id: token id written on padding positions (the tokenizer's ``pad_id``).
         max_seq_len: the packer's length; a longer pack raises. ``None``: not checked.
         pad_to_multiple_of: round the padded length up to a multiple of this.
+        compact: send compact batches (expanded after transfer) instead of full ones.
     """
 
     _ARRAY_KEYS = (INPUT_IDS, LABELS, POSITION_IDS, DOCUMENT_IDS)
@@ -168,11 +113,14 @@ class PackedCollator:
         pad_id: int,
         max_seq_len: int | None = None,
         pad_to_multiple_of: int | None = None,
+        compact: bool = False,
     ) -> None:
         self.pad_id, self.max_seq_len, self.pad_to_multiple_of = checked_collator_options(
             type(self).__name__, pad_id, max_seq_len, pad_to_multiple_of
         )
+        self.compact = bool(compact)
         self._arange = ArangeCache()
+        self._scratch = ScratchTokens()
 
     def _validated(
         self, index: int, sample: Mapping[str, Any]
@@ -322,6 +270,22 @@ class PackedCollator:
         document_rows = list(itertools.chain.from_iterable(itertools.starmap(itertools.repeat, enumerate(counts))))
         segment_lens_array = np.array(segment_lens, dtype=np.int64)
         segment_ends = segment_lens_array.cumsum()
+        segment_documents_array = np.array(segment_documents, dtype=np.int64)
+        provenance = {
+            SOURCE: list(columns[SOURCE_AT]),
+            EPOCH: list(columns[EPOCH_AT]),
+            TOKENS: list(lens),
+            ROW: document_rows,
+            NEW_DOCUMENT: list(columns[NEW_DOCUMENT_AT]),
+            DROPPED_BEFORE: list(columns[DROPPED_AT]),
+            TRUNCATED_TOKENS: list(columns[TRUNCATED_AT]),
+        }
+        if self.compact:
+            piece_starts = (segment_ends - segment_lens_array)[segment_documents_array != PAD_DOCUMENT_ID]
+            batch = compact_packs(packs, width, self.pad_id, self._scratch(batch_size * width), lens, columns[SOURCE_AT],
+                                  pack_lengths, seq_lens_values, most, segment_ends, piece_starts, provenance)
+            if batch is not None:
+                return batch
 
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
         views, planes, seq_lens, seq_lens_tensor = _outputs(len(fills) + 1, batch_size, width, most)
@@ -341,7 +305,6 @@ class PackedCollator:
                     start += ref[LENGTH_AT]
         np.subtract(self._arange(batch_size * width), (segment_ends - segment_lens_array).repeat(segment_lens_array),
                     out=views[2].reshape(-1))
-        segment_documents_array = np.array(segment_documents, dtype=np.int64)
         views[3].reshape(-1)[:] = segment_documents_array.repeat(segment_lens_array)
         views[len(fills)].fill(1)
         if not full:
@@ -353,21 +316,13 @@ class PackedCollator:
         batch: dict[str, Any] = dict(zip(self._ARRAY_KEYS, planes))
         batch[ATTENTION_MASK] = planes[len(fills)]
         batch[SEQ_LENS] = seq_lens_tensor
-        batch[PROVENANCE] = {
-            SOURCE: list(columns[SOURCE_AT]),
-            EPOCH: list(columns[EPOCH_AT]),
-            TOKENS: list(lens),
-            ROW: document_rows,
-            NEW_DOCUMENT: list(columns[NEW_DOCUMENT_AT]),
-            DROPPED_BEFORE: list(columns[DROPPED_AT]),
-            TRUNCATED_TOKENS: list(columns[TRUNCATED_AT]),
-            TARGET_TOKENS: _piece_targets(packs, lens, joined, flat_labels, segment_ends - segment_lens_array,
-                                          segment_documents_array),
-        }
+        provenance[TARGET_TOKENS] = piece_targets(packs, lens, joined, flat_labels, segment_ends - segment_lens_array,
+                                                   segment_documents_array)
+        batch[PROVENANCE] = provenance
         return batch
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(pad_id={self.pad_id}, max_seq_len={self.max_seq_len}, "
-            f"pad_to_multiple_of={self.pad_to_multiple_of})"
+            f"pad_to_multiple_of={self.pad_to_multiple_of}, compact={self.compact})"
         )

@@ -21,6 +21,7 @@ from lightning_tune_data.collate.base import (
     padded_length,
     required_field,
 )
+from lightning_tune_data.collate.compact import compact_ids_dtype, compact_padded_batch
 from lightning_tune_data.collate.worker_memory import batch_planes
 from lightning_tune_data.keys import (
     ATTENTION_MASK,
@@ -73,12 +74,18 @@ class PaddedCollator:
     default 0) and ``target_tokens`` (labels of the row that are targets; ``0``: the document
     adds nothing to the loss), one entry per row.
 
+    With ``compact=True`` it writes a *compact* batch instead (token ids, row lengths, a target
+    mask only when a document has a loss mask, provenance; see
+    :mod:`lightning_tune_data.collate.compact`), which
+    :func:`~lightning_tune_data.collate.expand.expand_batch` turns into exactly the batch above.
+
     Args:
         pad_id: token id written on padding positions (the tokenizer's ``pad_id``).
         max_seq_len: longest document kept; longer ones are truncated. ``None``: no limit.
         pad_to_multiple_of: round the padded length up to a multiple of this (e.g. 8 for tensor
             cores, or a context-parallel divisor). The rounding can exceed ``max_seq_len``; the
             extra positions are padding.
+        compact: send compact batches (expanded after transfer) instead of full ones.
     """
 
     def __init__(
@@ -86,10 +93,12 @@ class PaddedCollator:
         pad_id: int,
         max_seq_len: int | None = None,
         pad_to_multiple_of: int | None = None,
+        compact: bool = False,
     ) -> None:
         self.pad_id, self.max_seq_len, self.pad_to_multiple_of = checked_collator_options(
             type(self).__name__, pad_id, max_seq_len, pad_to_multiple_of
         )
+        self.compact = bool(compact)
         self._columns = ArangeCache()
         self._windows: np.ndarray | None = None
 
@@ -112,23 +121,33 @@ class PaddedCollator:
         if documents is None:
             documents = self._checked_documents(samples)
         lengths, tokens, masks, sources, epochs, truncated, dropped = documents
-        (input_ids, labels, attention_mask, position_ids), targets = self._block(lengths, tokens, masks)
         batch_size = len(lengths)
+        provenance = {
+            SOURCE: sources,
+            EPOCH: epochs,
+            TOKENS: lengths,
+            ROW: list(range(batch_size)),
+            NEW_DOCUMENT: [True] * batch_size,
+            TRUNCATED_TOKENS: truncated,
+            DROPPED_BEFORE: dropped,
+        }
+        if self.compact:
+            dtype = compact_ids_dtype(tokens, self.pad_id)
+            if dtype is not None:
+                width = padded_length(max(lengths), self.pad_to_multiple_of)
+                real = self._real_tokens(lengths, width)
+                targets = None if masks is None else self._targets(real, lengths, masks)
+                provenance[TARGET_TOKENS] = np.count_nonzero((real if targets is None else targets)[:, 1:],
+                                                             axis=1).tolist()
+                return compact_padded_batch(tokens, dtype, lengths, width, self.pad_id, real, targets, provenance)
+        (input_ids, labels, attention_mask, position_ids), provenance[TARGET_TOKENS] = self._block(lengths, tokens,
+                                                                                                   masks)
         return {
             INPUT_IDS: input_ids,
             LABELS: labels,
             ATTENTION_MASK: attention_mask,
             POSITION_IDS: position_ids,
-            PROVENANCE: {
-                SOURCE: sources,
-                EPOCH: epochs,
-                TOKENS: lengths,
-                ROW: list(range(batch_size)),
-                NEW_DOCUMENT: [True] * batch_size,
-                TRUNCATED_TOKENS: truncated,
-                DROPPED_BEFORE: dropped,
-                TARGET_TOKENS: targets,
-            },
+            PROVENANCE: provenance,
         }
 
     def _common_documents(self, samples: Sequence[Mapping[str, Any]]) -> _Documents | None:
@@ -238,15 +257,18 @@ class PaddedCollator:
         np.multiply(self._columns(width), attention_mask, out=position_ids)
         input_ids.fill(self.pad_id)
         input_ids[real] = tokens
-        targets = real
-        if masks is not None:
-            targets = np.zeros((batch_size, width), dtype=bool)
-            targets[real] = np.concatenate(
-                [np.ones(n, dtype=bool) if mask is None else mask for n, mask in zip(lengths, masks)]
-            )
+        targets = real if masks is None else self._targets(real, lengths, masks)
         labels.fill(IGNORE_INDEX)
         np.copyto(labels[:, :-1], input_ids[:, 1:], where=targets[:, 1:])
         return planes, np.count_nonzero(targets[:, 1:], axis=1).tolist()
+
+    @staticmethod
+    def _targets(real: np.ndarray, lengths: list[int], masks: Sequence[np.ndarray | None]) -> np.ndarray:
+        """``[B, L]`` bool: ``True`` on the real tokens that are targets (their loss mask, or all of a
+        document without one)."""
+        targets = np.zeros(real.shape, dtype=bool)
+        targets[real] = np.concatenate([np.ones(n, dtype=bool) if mask is None else mask for n, mask in zip(lengths, masks)])
+        return targets
 
     def _real_tokens(self, lengths: list[int], width: int) -> np.ndarray:
         """``[B, width]`` bool: ``True`` at the columns below each row's length.
@@ -271,5 +293,5 @@ class PaddedCollator:
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(pad_id={self.pad_id}, max_seq_len={self.max_seq_len}, "
-            f"pad_to_multiple_of={self.pad_to_multiple_of})"
+            f"pad_to_multiple_of={self.pad_to_multiple_of}, compact={self.compact})"
         )

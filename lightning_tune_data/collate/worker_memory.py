@@ -13,11 +13,19 @@ dataloader worker, as ``torch.utils.data.default_collate`` does: no heap block, 
 way out. In the main process (``num_workers=0``) it is NumPy memory wrapped once (torch's own
 allocation costs more inside the dataloader's per-batch profiling scope). :func:`batch_planes`
 hands out such a block's planes as separate tensors.
+
+:func:`batch_parts` is for compact batches (int32 token ids, int64 lengths, a bool mask: a few tens
+of KB). In a dataloader worker it hands out plain NumPy arrays, which the worker's queue pickles
+inline: for buffers this small that costs both processes less than a shared-memory segment, whose
+file descriptor travels through a separate socket handshake with the worker (measured in
+``benchmarks/bench_main_process.py``). The train loader wraps them as tensors in the main process.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,3 +74,27 @@ def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     empty = torch.empty(0, dtype=dtype)
     storage = empty._typed_storage()._new_shared(math.prod(shape))  # the sharing strategy's own allocator
     return empty.new(storage).view(shape)
+
+
+#: Byte alignment of each part of :func:`batch_parts` (the widest dtype a part has).
+_PART_ALIGNMENT = 8
+
+
+def batch_parts(parts: Sequence[tuple[tuple[int, ...], np.dtype]]) -> tuple[list[np.ndarray], list[Any]]:
+    """Uninitialised arrays of the given shapes and dtypes in one buffer, and what a batch carries
+    of them: tensors sharing their memory in the main process, the arrays themselves in a
+    dataloader worker (pickled inline on the way out; see the module docstring).
+
+    Args:
+        parts: ``(shape, dtype)`` of each part, in order (dtypes of at most 8 bytes per item).
+    """
+    offsets, total = [], 0
+    for shape, dtype in parts:
+        offsets.append(total)
+        total += -(-math.prod(shape) * np.dtype(dtype).itemsize // _PART_ALIGNMENT) * _PART_ALIGNMENT
+    buffer = np.empty(max(total, 1), dtype=np.uint8)
+    arrays = [buffer[offset: offset + math.prod(shape) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+              for (shape, dtype), offset in zip(parts, offsets)]
+    if get_worker_info() is not None:
+        return arrays, arrays
+    return arrays, [torch.from_numpy(array) for array in arrays]

@@ -32,6 +32,7 @@ from lightning.pytorch import LightningDataModule
 from lightning_tune_data.cache.checksums import VerifyMode
 from lightning_tune_data.cache.root import BuildStores, StoreRoot, default_local_cache_dir
 from lightning_tune_data.collate import PackedCollator, PaddedCollator
+from lightning_tune_data.datamodule.batch_hooks import TrainBatchHooks, compact_pays
 from lightning_tune_data.datamodule.eval_loaders import eval_loaders
 from lightning_tune_data.datamodule.manager_data import (
     close_datasets, loaded_dataset, prepare_datasets, set_up_datasets,
@@ -60,7 +61,7 @@ def default_cache_dir() -> Path:
     return default_local_cache_dir()
 
 
-class TextDataModule(LightningDataModule):
+class TextDataModule(TrainBatchHooks, LightningDataModule):
     """A Lightning DataModule over named dataset managers, with an exactly resumable train stream.
 
     Args:
@@ -108,6 +109,8 @@ class TextDataModule(LightningDataModule):
         build_stores: ``prepare_data`` tokenizes a missing store (``"if_missing"``) or fails naming it
             (``"never"``); ``"auto"``: never for a remote ``cache_dir``, if_missing for a local one.
         mix_schedule: train weights that change over the run (``MixSchedule``); ``None``: the managers' weights.
+        compact_batches: ``True`` (default): under a Trainer with workers or an accelerator, train batches
+            travel compact and ``on_after_batch_transfer`` derives the same full batch on the device.
     """
 
     def __init__(
@@ -142,6 +145,7 @@ class TextDataModule(LightningDataModule):
         shuffle_window: int | None = None,
         build_stores: BuildStores = "auto",
         mix_schedule: MixSchedule | None = None,
+        compact_batches: bool = True,
     ) -> None:
         super().__init__()
         self.prepare_data_per_node = prepare_data_per_node
@@ -162,6 +166,7 @@ class TextDataModule(LightningDataModule):
         self.train_stream_name = train_stream_name
         self.mix_by = mix_by
         self.resume_data_state = resume_data_state
+        self.compact_batches = bool(compact_batches)
         self.dataset_managers = validated_managers(
             dataset_managers, max_seq_len=max_seq_len, batch_size=batch_size, eval_batch_size=self.eval_batch_size,
             num_workers=num_workers, packing=packing, stopping_strategy=multidataset_stopping_strategy,
@@ -238,9 +243,11 @@ class TextDataModule(LightningDataModule):
         return config.build(self._managers("train"), partial(self.dataset, "train"), rank, world_size)
 
     def train_collator(self) -> PaddedCollator | PackedCollator:
-        """The train batches' collator: packs stacked when packing, else one padded document per row."""
+        """The train batches' collator: packs stacked when packing, else one padded document per row;
+        compact batches where they pay (:func:`compact_pays`)."""
         cls = PackedCollator if self.packing is not None else PaddedCollator
-        return cls(pad_id=self.tokenizer.pad_id, max_seq_len=self.max_seq_len, pad_to_multiple_of=self.pad_to_multiple_of)
+        return cls(pad_id=self.tokenizer.pad_id, max_seq_len=self.max_seq_len, pad_to_multiple_of=self.pad_to_multiple_of,
+                   compact=self.compact_batches and compact_pays(getattr(self, "trainer", None), self.num_workers))
 
     def train_dataloader(self) -> ResumableLoader:
         """The train stream in a ``StatefulDataLoader``, restored from a checkpoint if one was loaded."""
@@ -277,14 +284,6 @@ class TextDataModule(LightningDataModule):
     def predict_dataloader(self) -> list[torch.utils.data.DataLoader]:
         """One loader per predict manager, in config order."""
         return self._eval_loaders("predict")
-
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Count the train batches the model actually consumes (the fit loop prefetches one); ``batch``
-        is returned as is."""
-        trainer = getattr(self, "trainer", None)
-        if trainer is not None and trainer.training:
-            self._batches_consumed += 1
-        return batch
 
     def data_signature(self) -> dict[str, Any]:
         """What a checkpoint's data state depends on; compared on resume."""

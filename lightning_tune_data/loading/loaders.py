@@ -22,12 +22,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
-from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler, StatefulDistributedSampler
 
 from lightning_tune_data.keys import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE
 from lightning_tune_data.loading.known_warnings import ignore_known_third_party_warnings
 from lightning_tune_data.loading.resumable_loader import ResumableLoader
+from lightning_tune_data.loading.worker_states import TrainDataLoader
 from lightning_tune_data.sources.arrow_columns import ListColumn, arrow_table
 
 
@@ -206,7 +206,7 @@ def build_train_loader(
         sampler = StatefulDistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
     else:
         sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
-    loader = StatefulDataLoader(
+    loader = TrainDataLoader(
         dataset, sampler=sampler, collate_fn=collate_fn, snapshot_every_n_steps=1, in_order=True, **kwargs
     )
     group = None

@@ -24,6 +24,9 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from lightning_tune_data.collate.compact import compact_tensors
+from lightning_tune_data.loading.worker_states import EncodedStateStream
+
 __all__ = ["DATASET_KEY", "EPOCH_KEY", "LOADER_KEY", "ResumableLoader"]
 
 #: State keys: the in-process stream's own state, the ``StatefulDataLoader``'s state, the epoch.
@@ -57,14 +60,16 @@ class ResumableLoader:
         # In-process streams are captured through their own state: a cheap snapshot (built into a
         # state only when asked) where the stream offers one, else its state_dict. The
         # StatefulDataLoader's state_dict costs ~40 us of protocol checks per call on Python 3.11.
-        # With workers, the StatefulDataLoader's state is a reference to its last worker snapshot.
+        # With workers, a TrainDataLoader's iterator records its state by reference, built when asked.
         self._capture_dataset = loader.num_workers == 0 and isinstance(loader.dataset, IterableDataset)
         self._snapshot = getattr(loader.dataset, "snapshot", None) if self._capture_dataset else None
+        self._recorded_state: Callable[[], Any] | None = None
 
     @property
     def dataset(self) -> Any:
-        """The dataset the inner loader reads."""
-        return self.loader.dataset
+        """The dataset the inner loader reads (its workers read it wrapped, to encode its state)."""
+        dataset = self.loader.dataset
+        return dataset.stream if isinstance(dataset, EncodedStateStream) else dataset
 
     @property
     def batch_size(self) -> int | None:
@@ -90,6 +95,8 @@ class ResumableLoader:
             return {DATASET_KEY: self._snapshot(), EPOCH_KEY: self.epoch}  # built by state_after on demand
         if self._capture_dataset:
             return {DATASET_KEY: self.loader.dataset.state_dict(), EPOCH_KEY: self.epoch}
+        if self._recorded_state is not None:
+            return {LOADER_KEY: self._recorded_state(), EPOCH_KEY: self.epoch}  # likewise
         return {LOADER_KEY: self.loader.state_dict(), EPOCH_KEY: self.epoch}
 
     def _remember(self) -> None:
@@ -122,16 +129,11 @@ class ResumableLoader:
         """
         for count, state in reversed(self._history):
             if count == batches:
-                if callable(state.get(DATASET_KEY)):
-                    state[DATASET_KEY] = state[DATASET_KEY]()
-                return state
+                return _built(state)
         if not self._history and batches == self.batches_yielded:
             # Nothing iterated yet. Captured lazily: an eager capture would start (and then
             # discard) the worker processes before a restore.
-            state = self._capture()
-            if callable(state.get(DATASET_KEY)):
-                state[DATASET_KEY] = state[DATASET_KEY]()
-            return state
+            return _built(self._capture())
         kept = [count for count, _ in self._history]
         raise RuntimeError(
             f"No train loader state recorded after batch {batches} (the loader handed out {self.batches_yielded}; "
@@ -154,8 +156,10 @@ class ResumableLoader:
         so its ranges still appear, and with ``pin_memory`` its ``_next_data``.
         """
         next_data = getattr(batches, "_next_data", None)
-        if not self._capture_dataset or next_data is None or not hasattr(batches, "_num_yielded"):
+        if next_data is None or not hasattr(batches, "_num_yielded"):
             return lambda: next(batches, _END)
+        if not self._capture_dataset:
+            return self._workers_fetcher(batches, next_data)
         fetcher = getattr(batches, "_dataset_fetcher", None)
         size = self.loader.batch_size
         if getattr(batches, "_pin_memory", True) or not getattr(fetcher, "auto_collation", False) or not size:
@@ -191,11 +195,33 @@ class ResumableLoader:
 
         return fetch
 
+    def _workers_fetcher(self, batches: Any, next_data: Callable[[], Any]) -> Callable[[], Any]:
+        """How the next batch (or ``_END``) is taken from workers: the iterator's ``_next_data``
+        without ``__next__``'s profiler range (under a running profiler, ``__next__`` itself), with
+        its bookkeeping (the count of batches yielded, the end), and a compact batch's arrays
+        wrapped as tensors."""
+        pin_memory = bool(getattr(batches, "_pin_memory", False))
+
+        def fetch() -> Any:
+            if torch.autograd._profiler_enabled() or batches._sampler_iter is None:
+                batch = next(batches, _END)
+            else:
+                try:
+                    batch = next_data()
+                except StopIteration:
+                    batches._finished = True
+                    return _END
+                batches._num_yielded += 1
+            return _END if batch is _END else compact_tensors(batch, pin_memory)
+
+        return fetch
+
     def __iter__(self) -> Iterator[Any]:
         sampler = getattr(self.loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)  # map-style data: a new shuffle every epoch
         batches = iter(self.loader)
+        self._recorded_state = getattr(batches, "recorded_state", None)
         fetch = self._fetcher(batches)
         while True:
             batch = fetch()
@@ -210,3 +236,12 @@ class ResumableLoader:
             self._remember()
             yield batch
         self.epoch += 1
+
+
+def _built(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with a recorded part (a callable: a stream snapshot, or the workers' recorded state)
+    built into its state dict, in place, once."""
+    for key in (DATASET_KEY, LOADER_KEY):
+        if callable(state.get(key)):
+            state[key] = state[key]()
+    return state

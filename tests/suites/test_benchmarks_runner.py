@@ -76,3 +76,22 @@ def test_token_counts_read_from_each_batch_equal_its_attention_mask_sum(tmp_path
     rows = [{"input_ids": list(range(n))} for n in (3, 9, 1, 2100)]
     batch = SimplePadCollate(2048)(rows)
     assert real_tokens(batch) == int(batch["attention_mask"].sum()) == 3 + 9 + 1 + 2048
+
+
+def test_main_process_rows_compare_ours_with_todays_and_check_the_goals() -> None:
+    import bench_main_process
+
+    figures = {"cpu_us": 200.0, "batches_s": 100.0, "tokens_s": 1e6}
+    samples = {}
+    for config in bench_main_process.CONFIGS:
+        for name, *_ in bench_main_process.BASE_RUNS:
+            samples[("base", config, name)] = [{**figures, "cpu_us": 900.0, "batches_s": 40.0}]
+        for name, *_ in bench_main_process.OUR_RUNS:
+            if name not in bench_main_process.QUICK_SKIPS:
+                samples[("ours", config, name)] = [dict(figures)]
+    rows = bench_main_process.results_of(samples, 0.5, 1)
+    assert len(rows) == 10 * len(bench_main_process.CONFIGS)  # a quick run leaves out the full batches from workers
+    goals = [row for row in rows if row.target]
+    assert [row.met for row in goals] == [True, True] * len(bench_main_process.CONFIGS)  # 200 us <= 300, 100 >= 2 x 40
+    delivered = next(row for row in rows if row.metric == "delivered batches/s, 2 workers, compact")
+    assert delivered.ratio == 2.5

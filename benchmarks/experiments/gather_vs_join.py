@@ -3,7 +3,7 @@ results/gather-vs-join.md). Standalone; not part of the suite.
 
 Usage (from the repository root, after ``run_all.py --only hotpath`` has built ``benchmarks/.data``)::
 
-    python benchmarks/gather_vs_join.py [--token-docs 200000] [--batches 1000] [--rounds 5]
+    python benchmarks/experiments/gather_vs_join.py [--token-docs 200000] [--batches 1000] [--rounds 5]
 
 The packs of real ``concat`` and ``best_fit`` batches (``max_seq_len`` 2048, batch 8, one source,
 taken from the packer as the train loader takes them) have their tokens written into the
@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the suite's modules
 
 import common  # noqa: E402
 from bench_hotpath import PACKED_BATCH, SEQ, BlocksReader, flat_tokens, mixed_datamodule  # noqa: E402
@@ -109,7 +109,7 @@ def main() -> int:
     blocks = median(times["blocks"])
     info = common.machine_info()
     lines = ["# A packed batch's token rows: one fancy-index gather against the join of byte ranges", "",
-             f"Command: `python benchmarks/gather_vs_join.py --token-docs {args.token_docs} --batches {args.batches} "
+             f"Command: `python benchmarks/experiments/gather_vs_join.py --token-docs {args.token_docs} --batches {args.batches} "
              f"--rounds {args.rounds}`", f"Finished {time.strftime('%Y-%m-%d %H:%M:%S')}; machine: {info['cpu model']}, "
              f"{info['cpus usable (sched_getaffinity)']} usable CPUs, load average {info['load average at start']}", "",
              "Wall µs per batch writing the tokens of 8 packs of 2048 into the batch's int64 plane (medians of "

@@ -5,7 +5,7 @@ Usage (from the repository root, after ``run_all.py`` has built ``benchmarks/.da
 PyPI in any environment the package's own environment can import, e.g. a scratch venv put on
 ``PYTHONPATH``)::
 
-    python benchmarks/prototype_compiled.py [--token-docs 200000] [--batches 1500] [--rounds 5]
+    python benchmarks/experiments/prototype_compiled.py [--token-docs 200000] [--batches 1500] [--rounds 5]
 
 Two kernels, each checked against the package's own result before it is timed:
 
@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the suite's modules
 
 import common  # noqa: E402
 from bench_hotpath import PACKED_BATCH, SEQ, BlocksReader, flat_offsets, flat_tokens  # noqa: E402
@@ -331,7 +331,7 @@ def report(rounds: dict[str, list[float]], args: argparse.Namespace) -> str:
     lines = [
         "# Packed hot path: what a compiled kernel would buy (prototype, numba " + numba.__version__ + ")",
         "",
-        f"Command: `PYTHONPATH=<numba> python benchmarks/prototype_compiled.py --token-docs {args.token_docs} "
+        f"Command: `PYTHONPATH=<numba> python benchmarks/experiments/prototype_compiled.py --token-docs {args.token_docs} "
         f"--batches {args.batches} --rounds {args.rounds}`",
         f"Finished {time.strftime('%Y-%m-%d %H:%M:%S')}; {args.rounds} rounds alternating every reader, "
         f"{args.batches} batches each, wall µs per batch (medians); ratio = the blocks reader's time / this, "

@@ -3,14 +3,14 @@ provenance): shuffled documents of a memory-mapped uint16 token array cut into `
 one fancy-index gather, labels and positions computed from the segment boundaries, against the blocks
 reader (random 2049-token windows) and a per-document join of the same ids, in one process.
 
-    python benchmarks/sketch_planned_gather.py      # results: benchmarks/results/planned-gather-sketch.md
+    python benchmarks/experiments/sketch_planned_gather.py      # results: benchmarks/results/planned-gather-sketch.md
 """
 import time
 from pathlib import Path
 
 import numpy as np
 
-DATA = Path(__file__).resolve().parent / ".data" / "sketch_tokens.npy"
+DATA = Path(__file__).resolve().parents[1] / ".data" / "sketch_tokens.npy"
 DATA.parent.mkdir(exist_ok=True)
 rng = np.random.default_rng(0)
 N = 200_000

@@ -9,8 +9,8 @@ a shared machine moves wall-clock ratios by 2x between rounds. Run it alternatel
 
     git archive <commit> lightning_tune_data | tar -x -C /tmp/base
     for round in 1 2 3 4 5; do
-        PYTHONPATH=/tmp/base python benchmarks/paired_packed_paths.py
-        PYTHONPATH=$PWD python benchmarks/paired_packed_paths.py
+        PYTHONPATH=/tmp/base python benchmarks/experiments/paired_packed_paths.py
+        PYTHONPATH=$PWD python benchmarks/experiments/paired_packed_paths.py
     done
 
 Needs the suite's 200,000-document cache (``run_all.py --only hotpath`` builds it).
@@ -25,14 +25,14 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the suite's modules
 
 import bench_hotpath  # noqa: E402
 from bench_hotpath import PACKED_BATCH, BlocksReader, flat_tokens  # noqa: E402
 
 import lightning_tune_data  # noqa: E402
 
-DATA = Path(__file__).resolve().parent / ".data"
+DATA = Path(__file__).resolve().parents[1] / ".data"
 BATCHES = int(os.environ.get("BATCHES", "800"))
 
 

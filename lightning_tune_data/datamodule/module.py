@@ -270,10 +270,8 @@ class TextDataModule(LightningDataModule):
         return self._eval_loaders("predict")
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Count the train batches the model actually consumes (the fit loop prefetches one); ``batch``
-        is returned as is."""
-        trainer = getattr(self, "trainer", None)
-        if trainer is not None and trainer.training:
+        """Count the train batches the model actually consumes (the fit loop prefetches one); ``batch`` as is."""
+        if getattr(getattr(self, "trainer", None), "training", False):
             self._batches_consumed += 1
         return batch
 
@@ -292,8 +290,7 @@ class TextDataModule(LightningDataModule):
             return self._resume.pending or {}
         if self._resume.origin is not None and self._batches_consumed == 0:
             return self._resume.origin  # nothing consumed since a resume on a new layout: the old state says it all
-        if getattr(self, "trainer", None) is None:
-            # A manual loop (no Trainer): every batch the loader handed out counts as consumed.
+        if getattr(self, "trainer", None) is None:  # a manual loop: every batch handed out counts as consumed
             self._batches_consumed = self._train_loader.batches_yielded
         _, world_size = current_rank_and_world_size()
         return data_state(self._train_loader, self._batches_consumed, self.data_signature(), world_size)

@@ -194,12 +194,20 @@ class StoreRoot:
             return
         fs = self.filesystem()
         bucket = self.join().split("/", 1)[0]
-        if not self.call(self.url, lambda: fs.exists(bucket)):
-            raise StorageError(f"cache_dir {self.url}: the bucket (or container) {bucket!r} does not exist; create it "
+        missing = StorageError(f"cache_dir {self.url}: the bucket (or container) {bucket!r} does not exist; create it "
                                f"first, or fix cache_dir (and storage_options, e.g. endpoint_url).")
+        try:
+            present = self.call(self.url, lambda: fs.exists(bucket))
+        except StorageError:  # credentials limited to the prefix may not ask about the bucket itself
+            present = None  # then the probe decides (or, read-only, what is found under the prefix)
+        if present is False:
+            raise missing
         if writable:
             probe = self.join(f".write-check-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            self.call(self.url, lambda: fs.pipe_file(probe, b""))
+            try:
+                self.call(self.url, lambda: fs.pipe_file(probe, b""))
+            except FileNotFoundError:
+                raise missing from None
             self.call(self.url, lambda: fs.rm_file(probe))
 
     @property

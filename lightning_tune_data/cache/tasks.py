@@ -329,7 +329,8 @@ def check_task_parts(manifests: list[TaskManifest], description: str, url: str) 
         else:
             spans = [(m.task_index, *map(int, m.inputs["file_range"])) for m in manifests]
             problem = _ranges_problem(spans, totals[0], "files")
-    elif len(manifests) > 1:
+    elif len(manifests) > 1 and len({"rows" if "rows" in m.inputs else "file_range" in m.inputs
+                                     for m in manifests}) > 1:
         problem = "some tasks split the source by whole files, others by rows"
     if problem is not None:
         raise StoreNotCommittedError(f"{description}: cannot commit the store at {url}: {problem}. {fix}")

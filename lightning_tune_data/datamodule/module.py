@@ -300,8 +300,7 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
             return self._resume.pending or {}
         if self._resume.origin is not None and self._batches_consumed == 0:
             return self._resume.origin  # nothing consumed since a resume on a new layout: the old state says it all
-        if getattr(self, "trainer", None) is None:
-            # A manual loop (no Trainer): every batch the loader handed out counts as consumed.
+        if getattr(self, "trainer", None) is None:  # a manual loop: every batch handed out counts as consumed
             self._batches_consumed = self._train_loader.batches_yielded
         _, world_size = current_rank_and_world_size()
         return data_state(self._train_loader, self._batches_consumed, self.data_signature(), world_size)

@@ -77,3 +77,15 @@ def test_a_failing_storage_call_becomes_one_line_naming_the_url_and_the_fix() ->
         root.call("s3://bucket/x", no_credentials)
     with pytest.raises(FileNotFoundError):
         root.call("s3://bucket/x", lambda: (_ for _ in ()).throw(FileNotFoundError("gone")))
+
+
+def test_check_names_a_missing_bucket_and_probes_a_writable_root(s3) -> None:
+    from lightning_tune_data.cache.root import StorageError, StoreRoot
+
+    StoreRoot(s3.url, s3.storage_options).check(writable=True)
+    assert not s3.keys()  # the probe is removed again
+    missing = StoreRoot(f"s3://{s3.bucket}-gone/x", s3.storage_options)
+    for writable in (False, True):
+        with pytest.raises(StorageError, match=rf"the bucket \(or container\) '{s3.bucket}-gone' does not exist"):
+            missing.check(writable=writable)
+    StoreRoot("/tmp/not-checked-here").check(writable=True)  # a local root is checked when it is written

@@ -22,9 +22,9 @@ threads, not the workers) per batch and the batches (and real tokens) delivered 
   batch of a CPU run; on a GPU run the expansion runs on the device), and with full batches
   (``compact_batches=False``); and at 0 workers compact and expanded in the same process.
 
-Each version runs in its own process per configuration (imports once, then every worker count of
-that configuration), the two versions alternated configuration by configuration and repeat by
-repeat; figures are medians over the repeats. Run on its own:
+Each version runs in its own process per configuration (per repeat in a quick run), the two versions
+alternated configuration by configuration (repeat by repeat in a quick run); figures are medians
+over the repeats. Run on its own:
 ``python benchmarks/run_all.py --only main_process [--quick]``.
 """
 
@@ -77,13 +77,18 @@ def _cpu() -> float:
 
 
 def measure(spec: dict) -> dict:
-    """In a fresh process: every run of one configuration for one version (see the module docstring)."""
+    """In a fresh process: every run of the given configurations for one version (module docstring);
+    ``{config: {run: figures}}``."""
     import warnings
 
     warnings.filterwarnings("ignore")
+    return {config: _measure_config(spec, config) for config in spec["configs"]}
+
+
+def _measure_config(spec: dict, config: str) -> dict:
     import common
 
-    interleaved, packing, batch_size = CONFIGS[spec["config"]]
+    interleaved, packing, batch_size = CONFIGS[config]
     out = {}
     for name, workers, compact, expand in spec["runs"]:
         dm = common.make_datamodule(Path(spec["parquet"]), Path(spec["cache_dir"]), interleaved, packing, workers,
@@ -140,7 +145,7 @@ def _run_version(spec: dict, package: Path) -> dict:
     result = subprocess.run([sys.executable, str(Path(__file__).resolve()), "measure", json.dumps(spec)], env=env,
                             capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
-        raise RuntimeError(f"bench_main_process: {spec['config']} failed:\n{result.stderr[-3000:]}")
+        raise RuntimeError(f"bench_main_process: {spec['configs']} failed:\n{result.stderr[-3000:]}")
     line = [x for x in result.stdout.splitlines() if x.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
 
@@ -150,16 +155,20 @@ def run(ctx) -> list[Result]:
     repeats = 2 if ctx.quick else max(2, ctx.repeats)
     base = base_package(ctx.data_dir)
     samples: dict[tuple[str, str, str], list[dict]] = {}
+    # A full run alternates the versions configuration by configuration; a quick one repeat by repeat
+    # (one process per version and repeat: interpreter start-up is most of a quick run).
+    groups = [list(CONFIGS)] if ctx.quick else [[config] for config in CONFIGS]
+    ours = [run for run in OUR_RUNS if not (ctx.quick and run[0] in QUICK_SKIPS)]
     for repeat in range(repeats):
-        for config in CONFIGS:
-            common_spec = {"config": config, "seconds": seconds, "parquet": str(ctx.token_parquet),
-                           "cache_dir": str(ctx.cache_dir)}
-            ours = [run for run in OUR_RUNS if not (ctx.quick and run[0] in QUICK_SKIPS)]
+        for configs in groups:
+            spec = {"configs": configs, "seconds": seconds, "parquet": str(ctx.token_parquet),
+                    "cache_dir": str(ctx.cache_dir)}
             versions = [("base", base, BASE_RUNS), ("ours", REPO_DIR, ours)]
             for version, package, runs in versions if repeat % 2 == 0 else versions[::-1]:
-                for name, figures in _run_version({**common_spec, "runs": runs}, package).items():
-                    samples.setdefault((version, config, name), []).append(figures)
-            log(f"main_process: repeat {repeat + 1}/{repeats} {config} done")
+                for config, figures_by_run in _run_version({**spec, "runs": runs}, package).items():
+                    for name, figures in figures_by_run.items():
+                        samples.setdefault((version, config, name), []).append(figures)
+            log(f"main_process: repeat {repeat + 1}/{repeats} {', '.join(configs)} done")
     return results_of(samples, seconds, repeats)
 
 

@@ -163,25 +163,6 @@ class ArangeCache:
         return (ArangeCache, ())
 
 
-class ScratchTokens:
-    """A reused int64 buffer of at least ``n`` items (a batch's rows before they are narrowed): no
-    allocation per batch. It pickles empty, like :class:`ArangeCache`."""
-
-    __slots__ = ("_values",)
-
-    def __init__(self) -> None:
-        self._values: np.ndarray | None = None
-
-    def __call__(self, n: int) -> np.ndarray:
-        values = self._values
-        if values is None or values.shape[0] < n:
-            values = self._values = np.empty(max(n, CACHED_WIDTH), dtype=np.int64)
-        return values[:n]
-
-    def __reduce__(self) -> tuple:
-        return (ScratchTokens, ())
-
-
 def checked_collator_options(owner: str, pad_id: int, max_seq_len: int | None,
                              pad_to_multiple_of: int | None) -> tuple[int, int | None, int | None]:
     """``(pad_id, max_seq_len, pad_to_multiple_of)`` after the checks every collator applies.

@@ -153,7 +153,7 @@ def compact_padded_batch(tokens: np.ndarray, dtype: np.dtype, lengths: Sequence[
     return batch
 
 
-def compact_packs(packs: Sequence[Pack], width: int, pad_id: int, scratch: np.ndarray, lens: Sequence[int],
+def compact_packs(packs: Sequence[Pack], width: int, pad_id: int, lens: Sequence[int],
                   sources: Sequence[str], pack_lengths: Sequence[int], seq_lens_values: Sequence[int], most: int,
                   segment_ends: np.ndarray, piece_starts: np.ndarray,
                   provenance: dict[str, list[Any]]) -> dict[str, Any] | None:
@@ -165,7 +165,6 @@ def compact_packs(packs: Sequence[Pack], width: int, pad_id: int, scratch: np.nd
         packs: the batch's packs (the packer's own), one per row.
         width: tokens per row.
         pad_id: the id written after each pack's tokens.
-        scratch: ``len(packs) * width`` int64 items the rows may be written into first.
         lens, sources: every piece's length and source name, packs back to back.
         pack_lengths: each pack's tokens.
         seq_lens_values: the pieces' lengths, row by row, each row zero-padded to ``most``.
@@ -175,8 +174,7 @@ def compact_packs(packs: Sequence[Pack], width: int, pad_id: int, scratch: np.nd
         provenance: the batch's provenance without ``target_tokens`` (added here).
     """
     size = len(packs) * width
-    joined = write_rows(packs, width, pad_id, scratch, lens, sources)
-    values = scratch if joined is None else joined
+    values = write_rows(packs, width, pad_id, None, lens, sources)  # the joined rows, or int64 ones
     dtype = compact_ids_dtype(values, pad_id)
     if dtype is None:
         return None

@@ -17,7 +17,6 @@ from torch.utils.data import get_worker_info
 from lightning_tune_data.collate.base import (
     PACKED_PROVENANCE_KEYS,
     ArangeCache,
-    ScratchTokens,
     checked_collator_options,
     one_d_array,
     padded_length,
@@ -120,7 +119,6 @@ class PackedCollator:
         )
         self.compact = bool(compact)
         self._arange = ArangeCache()
-        self._scratch = ScratchTokens()
 
     def _validated(
         self, index: int, sample: Mapping[str, Any]
@@ -282,8 +280,8 @@ class PackedCollator:
         }
         if self.compact:
             piece_starts = (segment_ends - segment_lens_array)[segment_documents_array != PAD_DOCUMENT_ID]
-            batch = compact_packs(packs, width, self.pad_id, self._scratch(batch_size * width), lens, columns[SOURCE_AT],
-                                  pack_lengths, seq_lens_values, most, segment_ends, piece_starts, provenance)
+            batch = compact_packs(packs, width, self.pad_id, lens, columns[SOURCE_AT], pack_lengths, seq_lens_values,
+                                  most, segment_ends, piece_starts, provenance)
             if batch is not None:
                 return batch
 

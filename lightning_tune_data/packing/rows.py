@@ -91,7 +91,7 @@ def _joined_rows(packs: Sequence[Pack], width: int, pad_id: int, lengths: Sequen
     return np.frombuffer(b"".join(parts), dtype=dtype)
 
 
-def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray,
+def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray | None,
                lengths: Sequence[int] | None = None, sources: Sequence[str] | None = None) -> np.ndarray | None:
     """Write every pack's tokens, each row padded with ``pad_id`` to ``width`` tokens, into the
     flat array ``out`` (``len(packs) * width`` items).
@@ -105,14 +105,16 @@ def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray,
         packs: the rows' packs, in order.
         width: tokens per row.
         pad_id: the token written after each pack's pieces.
-        out: the flat output array.
+        out: the flat output array; ``None``: the rows are only returned (joined, or concatenated
+            into a new int64 array), for a caller that narrows them itself.
         lengths: every piece's length, packs back to back, when the caller has them already
             (default: read from the references).
         sources: every piece's source name, likewise.
 
     Returns:
         The joined rows in the flat arrays' dtype when they were joined (a caller that shifts
-        them, for labels, reads these narrower values), else ``None``.
+        them, for labels, reads these narrower values), else ``None`` (with ``out=None``: the
+        concatenated rows).
     """
     if lengths is None or sources is None:
         refs = list(itertools.chain.from_iterable(map(_REFS, packs)))
@@ -120,7 +122,8 @@ def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray,
         sources = [ref[SOURCE_AT] for ref in refs]
     joined = _joined_rows(packs, width, pad_id, lengths, sources)
     if joined is not None:
-        np.copyto(out, joined, casting="same_kind")
+        if out is not None:
+            np.copyto(out, joined, casting="same_kind")
         return joined
     padding_tokens = np.full(width, pad_id, dtype=np.int64)
     arrays: list[np.ndarray] = []
@@ -128,6 +131,8 @@ def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray,
         arrays += token_arrays(pack.refs, pack.tokens, pack.stores)
         if pack.length < width:
             arrays.append(padding_tokens[: width - pack.length])
+    if out is None:
+        return np.concatenate(arrays, dtype=np.int64, casting="same_kind")
     np.concatenate(arrays, out=out, casting="same_kind")
     return None
 

@@ -56,6 +56,15 @@ from lightning_tune_data.tokenizers import ByteTokenizer, Tokenizer
 __all__ = ["TextDataModule", "default_cache_dir"]
 
 
+def _data_signature_of(dm: "TextDataModule") -> dict[str, Any]:
+    _, world_size = current_rank_and_world_size()
+    return {**data_signature(
+        sources=list(dm.dataset_managers.get("train") or {}), weights=dm.mixture.fixed(dm.train_source_weights),
+        mix_by=dm.mix_by, seed=dm.seed, max_seq_len=dm.max_seq_len, batch_size=dm.batch_size,
+        num_workers=dm.num_workers, world_size=world_size, packing=dm.packing, stopping_strategy=dm.stopping_strategy,
+        train_mode=dm.train_mode), "mix_schedule": dm.mixture.describe()}
+
+
 def default_cache_dir() -> Path:
     """``$LIGHTNING_TUNE_DATA_CACHE`` or ``~/.cache/lightning_tune_data``."""
     return default_local_cache_dir()
@@ -103,8 +112,8 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
         storage_options: options of a remote ``cache_dir``'s filesystem (endpoint, credentials).
         local_cache_dir: this node's copies of a remote ``cache_dir``'s stores (``default_cache_dir()``).
         shard_size: new stores close a shard at about this size (``"256MB"``).
-        cache_budget: most bytes of each remote train store kept on this node (``"50GB"``): a larger
-            store is read shard by shard, fetched ahead of need (``None``: copied whole).
+        cache_budget: most bytes this node's shard cache keeps for all remote train stores together
+            (``"50GB"``): a store larger than its share is read shard by shard (``None``: copied whole).
         shuffle_window: shards a budgeted store's shuffle mixes at once (default: budget's / 4).
         build_stores: ``prepare_data`` tokenizes a missing store (``"if_missing"``) or fails naming it
             (``"never"``); ``"auto"``: never for a remote ``cache_dir``, if_missing for a local one.
@@ -163,10 +172,8 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
         self.stopping_strategy = multidataset_stopping_strategy
         self.train_mode, self.pad_to_multiple_of = train_mode, pad_to_multiple_of
         self.eval_num_workers = num_workers if eval_num_workers is None else eval_num_workers
-        self.train_stream_name = train_stream_name
-        self.mix_by = mix_by
-        self.resume_data_state = resume_data_state
-        self.compact_batches = bool(compact_batches)
+        self.train_stream_name, self.mix_by = train_stream_name, mix_by
+        self.resume_data_state, self.compact_batches = resume_data_state, bool(compact_batches)
         self.dataset_managers = validated_managers(
             dataset_managers, max_seq_len=max_seq_len, batch_size=batch_size, eval_batch_size=self.eval_batch_size,
             num_workers=num_workers, packing=packing, stopping_strategy=multidataset_stopping_strategy,
@@ -222,7 +229,10 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
         self.mixture.prepare_for(self, getattr(self, "trainer", None), stage)  # the plan of a train mixture
 
     def teardown(self, stage: str | None = None) -> None:
-        """Let go of the shard cache's threads, pins and mappings of every dataset (``stage``: the stage that ended)."""
+        """Stop the train loader's workers and let go of the shard cache's threads, pins and mappings of
+        every dataset (``stage``: the stage that ended); a later ``train_dataloader`` starts again."""
+        if self._train_loader is not None:
+            self._train_loader.shutdown_workers()
         close_datasets(self._datasets)
 
     def dataset(self, split: str, name: str) -> Any:
@@ -287,12 +297,7 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
 
     def data_signature(self) -> dict[str, Any]:
         """What a checkpoint's data state depends on; compared on resume."""
-        _, world_size = current_rank_and_world_size()
-        return {**data_signature(
-            sources=list(self._managers("train")), weights=self.mixture.fixed(self.train_source_weights), mix_by=self.mix_by,
-            seed=self.seed, max_seq_len=self.max_seq_len, batch_size=self.batch_size, num_workers=self.num_workers,
-            world_size=world_size, packing=self.packing, stopping_strategy=self.stopping_strategy,
-            train_mode=self.train_mode), "mix_schedule": self.mixture.describe()}
+        return _data_signature_of(self)
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's train data position after the last consumed batch (a collective under DDP)."""

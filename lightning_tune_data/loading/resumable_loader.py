@@ -90,6 +90,10 @@ class ResumableLoader:
             current._shutdown_workers()
         self.loader._iterator = value
 
+    def shutdown_workers(self) -> None:
+        """Stop the worker processes of the live iterator, if any (iterating again starts new ones)."""
+        self._iterator = None
+
     def _capture(self) -> dict[str, Any]:
         if self._snapshot is not None:
             return {DATASET_KEY: self._snapshot(), EPOCH_KEY: self.epoch}  # built by state_after on demand

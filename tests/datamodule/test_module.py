@@ -40,6 +40,21 @@ def test_train_loader_is_a_resumable_stateful_dataloader_with_drop_last(corpus_d
     assert set(batch["provenance"]["source"]) <= {"a", "b"}
 
 
+def test_teardown_stops_the_train_loaders_worker_processes_outside_a_trainer(corpus_dir, tmp_path):
+    datamodule = ready(TextDataModule(dataset_managers=managers(corpus_dir), cache_dir=str(tmp_path), batch_size=4,
+                                      num_workers=2, persistent_workers=True))
+    loader = datamodule.train_dataloader()
+    next(iter(loader))
+    workers = list(loader.loader._iterator._workers)
+    assert len(workers) == 2 and all(worker.is_alive() for worker in workers)
+    datamodule.teardown("fit")
+    for worker in workers:
+        worker.join(timeout=10)
+    assert not any(worker.is_alive() for worker in workers)
+    assert next(iter(loader))["input_ids"].shape[0] == 4, "the loader starts new workers when iterated again"
+    datamodule.teardown("fit")
+
+
 def test_finite_first_exhausted_mix_ends_the_epoch(corpus_dir, tmp_path):
     config = managers(corpus_dir)
     datamodule = ready(

@@ -135,7 +135,7 @@ class StoreRoot:
             raise ValueError(f"shuffle_window must be >= 1 shard, got {shuffle_window}.")
         budget = None if cache_budget is None else parse_size(cache_budget)
         return cls(os.fspath(url), storage_options, local_dir, parse_size(shard_size), budget, shuffle_window,
-                   build_stores)
+                   build_stores=build_stores)
 
     @classmethod
     def of(cls, root: str | os.PathLike[str] | StoreRoot, **options: Any) -> StoreRoot:

@@ -67,6 +67,9 @@ def shuffle_window_for(shard_sizes: list[int], budget: int, window: int | None, 
     return int(window)
 
 
+_STORES: weakref.WeakSet[CachedStore] = weakref.WeakSet()  # the stores read in this process
+
+
 class CachedStore:
     """A committed remote store whose shards are fetched on demand into the node's bounded cache.
 
@@ -110,6 +113,7 @@ class CachedStore:
         self._pinned: set[int] = set()
         self._room_hooks: list[weakref.WeakMethod] = []
         self.cache.on_room_needed = self._room_needed
+        _STORES.add(self)
         after_fork_in_child(self, CachedStore._start_here)  # a forked child maps for itself
 
     def __getstate__(self) -> dict[str, Any]:
@@ -192,12 +196,15 @@ class CachedStore:
         self._room_hooks.append(weakref.WeakMethod(let_go))
 
     def _room_needed(self) -> None:
-        for hook in list(self._room_hooks):
-            method = hook()
-            if method is None:
-                self._room_hooks.remove(hook)
-            else:
-                method()
+        """Every store of this process lets go of the views it does not read now (they share the
+        node's budget)."""
+        for store in list(_STORES):
+            for hook in list(store._room_hooks):
+                method = hook()
+                if method is None:
+                    store._room_hooks.remove(hook)
+                else:
+                    method()
 
     def _let_go(self, shard: int) -> None:
         """The one place a mapping is dropped: ``shard``'s, unless a reader pins it. The file can

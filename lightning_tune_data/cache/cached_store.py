@@ -10,6 +10,7 @@ them) and opens a shard only when a reader asks for one of its rows, through a
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,9 @@ def shuffle_window_for(shard_sizes: list[int], budget: int, window: int | None, 
     return int(window)
 
 
+_STORES: weakref.WeakSet[CachedStore] = weakref.WeakSet()  # the stores read in this process
+
+
 class CachedStore:
     """A committed remote store whose shards are fetched on demand into the node's bounded cache.
 
@@ -107,11 +111,14 @@ class CachedStore:
         # this process's mappings: shard -> (table, readers of its columns)
         self._mapped: dict[int, tuple[pa.Table, dict[str, Any]]] = {}
         self._pinned: set[int] = set()
+        self._room_hooks: list[weakref.WeakMethod] = []
+        self.cache.on_room_needed = self._room_needed
+        _STORES.add(self)
         after_fork_in_child(self, CachedStore._start_here)  # a forked child maps for itself
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_mapped", "_pinned"):
+        for key in ("_mapped", "_pinned", "_room_hooks"):
             state.pop(key)
         return state
 
@@ -182,6 +189,22 @@ class CachedStore:
         """Stop reading shard ``shard``: its mapping is let go of (views into it stay valid)."""
         self._pinned.discard(shard)
         self._let_go(shard)
+
+    def when_room_is_needed(self, let_go: Callable[[], None]) -> None:
+        """Call ``let_go`` (a bound method, held weakly) when this process waits for room in the
+        node's cache: a reader drops the views of shards it does not read now."""
+        self._room_hooks.append(weakref.WeakMethod(let_go))
+
+    def _room_needed(self) -> None:
+        """Every store of this process lets go of the views it does not read now (they share the
+        node's budget)."""
+        for store in list(_STORES):
+            for hook in list(store._room_hooks):
+                method = hook()
+                if method is None:
+                    store._room_hooks.remove(hook)
+                else:
+                    method()
 
     def _let_go(self, shard: int) -> None:
         """The one place a mapping is dropped: ``shard``'s, unless a reader pins it. The file can

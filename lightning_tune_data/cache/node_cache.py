@@ -149,6 +149,9 @@ class NodeShardCache:
         self._guard = threading.Lock()
         self._warned = False
         self.downloaded_bytes = 0  # by this process
+        #: Called from the reading thread while it waits for room: this process lets go of what
+        #: it maps without needing it now.
+        self.on_room_needed: Callable[[], None] | None = None
         after_fork_in_child(self, NodeShardCache._forget_inherited)
 
     def _forget_inherited(self) -> None:
@@ -159,7 +162,7 @@ class NodeShardCache:
 
     def __getstate__(self) -> dict[str, Any]:
         state = {key: value for key, value in self.__dict__.items()
-                 if key not in ("_held", "_finalizer", "_guard")}
+                 if key not in ("_held", "_finalizer", "_guard", "on_room_needed")}
         state.update(_distance_from=None, _position=None)
         return state
 
@@ -307,6 +310,8 @@ class NodeShardCache:
                     return partial, claim(partial)
             if not must:
                 return None
+            if self.on_room_needed is not None:
+                self.on_room_needed()
             if waited > ROOM_WAIT_S + LOCK_WAIT_S:
                 raise LockWaitTimeout(
                     f"{self.description}: waited {waited:.0f} s for {human_size(size)} of room in the node's shard cache "

@@ -66,6 +66,8 @@ def after_fork_in_child(owner: object, forget: Callable[[object], None]) -> None
 
 
 def _in_child() -> None:
+    global _held_guard
+    _held_guard = threading.Lock()  # another thread of the parent may have held it at the fork
     for fd in list(_held):
         try:
             os.close(fd)

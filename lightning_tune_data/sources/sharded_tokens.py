@@ -80,6 +80,11 @@ class ShardedFlat:
         self.dtype: np.dtype | None = None
         self.values = ShardedSlices(self, as_memoryview=False)
         self.views = ShardedSlices(self, as_memoryview=True)
+        column.store.when_room_is_needed(self.forget_unpinned)
+
+    def forget_unpinned(self) -> None:
+        """Drop the views of shards the reader does not read now (the node's cache needs room)."""
+        self.forget(set(self.pinned()))
 
     def pinned(self) -> list[int]:
         """The shards the reader pins (reads now)."""

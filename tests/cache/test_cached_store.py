@@ -134,3 +134,30 @@ def test_every_row_read_through_a_budget_of_two_shards_matches_the_store_and_usa
     assert rows == table.column("input_ids").to_pylist()
     assert worst <= budget and store.cache.node_usage() <= budget
     assert sum(store.cache.path(shard).exists() for shard in range(store.num_shards)) < store.num_shards  # evicted
+
+
+def _wait(ready, done) -> None:  # noqa: ANN001
+    ready.set()
+    done.wait(30)
+
+
+def test_a_shard_read_before_the_dataloader_forks_is_neither_pinned_nor_mapped_by_its_workers(
+        s3, fault_proxy, tmp_path, committed):
+    import multiprocessing
+
+    from lightning_tune_data.cache.node_room import evict
+
+    content, _ = committed
+    store = cached_store(s3, fault_proxy, tmp_path, content, budget=10 << 20)
+    store.open_shard(0)  # a batch looked at before training: shard 0 pinned and mapped
+    fork = multiprocessing.get_context("fork")
+    ready, done = fork.Event(), fork.Event()
+    worker = fork.Process(target=_wait, args=(ready, done))  # a persistent worker of the loader
+    worker.start()
+    try:
+        assert ready.wait(30)
+        store.close_shard(0)
+        assert evict(store.cache.path(0))  # the worker let go of what it inherited: the shard can go
+    finally:
+        done.set()
+        worker.join(30)

@@ -73,7 +73,7 @@ def _read_a_pass(store: CachedStore, rank: int, world: int, results) -> None:  #
         held = []
         count = 0
         for document in ArrowSource(store, "docs", seed=5, rank=rank, world_size=world, num_passes=1):
-            held = (held + [document["input_ids"]])[-2:]  # a packer holds a couple of documents
+            held = (held + [np.array(document["input_ids"])])[-2:]  # a packer's copies of held documents
             count += 1
         results.put(count)
     except BaseException as error:  # noqa: BLE001 - reported to the test
@@ -86,6 +86,7 @@ def _read_a_pass(store: CachedStore, rank: int, world: int, results) -> None:  #
 def test_the_disk_never_holds_more_than_the_budget_and_one_shard_counting_files_still_mapped(tmp_path, monkeypatch,
                                                                                            readers, windows):
     monkeypatch.setattr(node_cache, "ROOM_WAIT_S", 0.5)  # readers a window apart wait for each other: briefly here
+    monkeypatch.setattr(node_cache, "LOCK_WAIT_S", 30.0)
     files, content = local_token_store(tmp_path / "storage", shards=24, rows_per_shard=16, tokens=1024)
     sizes = [entry["size"] for entry in content["files"].values()]
     budget = windows * 2 * max(sizes)  # windows of 2 shards: a reader holds its window and the next

@@ -84,6 +84,10 @@ def assert_same_batches(left: list[dict], right: list[dict]) -> None:
             assert torch.equal(x[key], y[key]), f"batch {step}, {key}"
 
 
+def prefetch_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name.startswith("shard-prefetch")]
+
+
 def shard_gets(s3) -> int:
     return sum(1 for method, path in s3.requests.log if method == "GET" and s3.prefix in path and "/shards/" in path)
 
@@ -262,9 +266,10 @@ def test_evicting_refetching_and_copying_out_held_documents_never_changes_a_batc
     tight = set_up(datamodule(corpus, s3, tmp_path / "tight", cache_budget=min(sizes.values()) // 6, **options))
     assert all(isinstance(dm.dataset("train", name), CachedStore) and dm.dataset("train", name).window == 1
                for dm in (roomy, tight) for name in ROWS)  # the same order
+    before = set(prefetch_threads())  # of datamodules of earlier tests not collected yet
     assert_same_batches(batches(roomy, 120), batches(tight, 120))
-    assert any(thread.name.startswith("shard-prefetch") for thread in threading.enumerate())
+    assert set(prefetch_threads()) - before
     for dm in (roomy, tight):
         dm.teardown("fit")  # the end of a trial in a sweep, or of a notebook's run
-    assert not any(thread.name.startswith("shard-prefetch") for thread in threading.enumerate())
+    assert not set(prefetch_threads()) - before
     assert all(dm.dataset("train", name).pinned() == [] for dm in (roomy, tight) for name in ROWS)

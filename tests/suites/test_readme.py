@@ -46,7 +46,8 @@ def test_the_quickstart_and_test_lines_are_present_verbatim() -> None:
     bash = "\n".join(blocks("bash"))
     setup = 'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e '
     assert setup + ". && lightning-tune-data fit --config configs/quickstart.yaml" in bash
-    assert setup + '".[dev]" && python -m pytest -q' in bash
+    tools = "pip install --no-deps litdata==0.2.76 mosaicml-streaming==0.13.0 && "
+    assert setup.replace("pip install -e ", tools + "pip install -e ") + '".[dev]" && python -m pytest -q' in bash
 
 
 def ci_test_line() -> str:

@@ -84,6 +84,8 @@ class TokenizedDatasetManager(DatasetManager):
         column: the MDS column of ids (default ``tokens`` or ``input_ids``).
         weight, stages, shuffle, max_error_count, message_transform, model_transform,
         output_transform, filter_fn, filter_kwargs: as for :class:`DatasetManager`.
+        max_epochs, max_tokens: caps on this train source (passes at most, fractional allowed;
+            tokens at most, a number or ``"30B"``); ``None``: no cap.
 
     Raises:
         DataSourceError: an unknown format or dtype.
@@ -108,6 +110,8 @@ class TokenizedDatasetManager(DatasetManager):
         output_transform: str | Callable | None = None,
         filter_fn: str | Callable | None = None,
         filter_kwargs: dict | None = None,
+        max_epochs: float | None = None,
+        max_tokens: int | str | None = None,
     ) -> None:
         self.full_name = None
         self.path = str(path)

@@ -128,3 +128,16 @@ def test_under_ddp_every_rank_gets_equal_batches_of_disjoint_documents(tmp_path:
     assert all(len(batch) == 4 for rank in ranks for batch in rank["batches"])
     web = [{tuple(tokens) for batch in rank["batches"] for source, tokens in batch if source == "web"} for rank in ranks]
     assert web[0] and web[1] and not web[0] & web[1]
+
+
+def test_a_capped_tokenized_source_is_planned_to_stop_at_its_cap(tmp_path: Path) -> None:
+    root = corpus(tmp_path)
+    managers = {"web": TokenizedDatasetManager(str(root / "megatron"), weight=0.6, max_epochs=0.1),
+                "text": LocalDatasetManager(data_files=str(root / "text.jsonl"), weight=0.4)}
+    dm = TextDataModule({"train": managers}, max_seq_len=48, batch_size=4, seed=3, cache_dir=str(root / "cache"))
+    trainer = Trainer(accelerator="cpu", max_steps=FINAL_STEP, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0, default_root_dir=tmp_path / "run")
+    trainer.fit(TinyCausalLM(vocab_size=1024, max_seq_len=48, d_model=16, n_layers=1, n_heads=2), datamodule=dm)
+    web = next(row for row in dm.mixture.plan.sources if row.name == "web")
+    assert web.cap_step is not None and 0 < web.cap_step < FINAL_STEP
+    assert web.epochs == pytest.approx(0.1, abs=0.01)

@@ -16,7 +16,9 @@ eviction takes the exclusive lock first, so a shard any process maps is never de
 Room is made under one lock for the whole node, counting every store's shards and downloads.
 ``budget`` is the node's: the bytes of the node's shard cache never exceed it, except by one
 shard at a time for a reader that needs a shard now while the other readers hold every byte
-(after waiting :data:`ROOM_WAIT_S`, with a warning). A prefetch never goes over it, and never
+(after waiting :data:`ROOM_WAIT_S`, with a warning). Readers that each pin their windows can
+wait for one another; past the wait they go on over the budget rather than deadlock, unless a
+holder is stopped (then the wait ends in an error naming it). A prefetch never goes over it, and never
 evicts a shard needed sooner than the one it fetches. Every wait is bounded: a lock held by a
 stopped or hung process is named after :data:`LOCK_WAIT_S` without progress.
 """
@@ -41,7 +43,7 @@ import xxhash
 from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM
 from lightning_tune_data.cache.fingerprints import canonical_json
 from lightning_tune_data.cache.node_room import (
-    DOWNLOAD_LOCKS, PARTIAL_TAG, evict, eviction_order, holders, make_room, node_contents, room_lock,
+    DOWNLOAD_LOCKS, PARTIAL_TAG, evict, eviction_order, holders, make_room, node_contents, room_lock, stopped_holders,
 )
 from lightning_tune_data.cache.owners import (
     LockWaitTimeout, after_fork_in_child, claim, forget_held, hold, release, wait_for_lock,
@@ -57,7 +59,7 @@ __all__ = ["LOCK_WAIT_S", "NODE_CACHE_FOLDER", "ROOM_WAIT_S", "NodeShardCache", 
 #: Folder under ``local_cache_dir`` that holds the node's shard cache, one folder per store.
 NODE_CACHE_FOLDER = "shard-cache"
 #: How long a reader that needs a shard waits for other readers to free room before it goes
-#: over the budget by that one shard.
+#: over the budget by that one shard (readers moving on free room within milliseconds to seconds).
 ROOM_WAIT_S = 30.0
 #: The longest wait for a lock (or for room) while its holder makes no progress.
 LOCK_WAIT_S = 120.0
@@ -298,7 +300,8 @@ class NodeShardCache:
                                        lambda contents: eviction_order(contents, self.folder, self._index, self._next_use(),
                                                                        before))
                 waited = time.monotonic() - started
-                over = not fits and must and waited > ROOM_WAIT_S and used <= self.budget
+                # already over: only while every holder runs (readers could wait for each other forever)
+                over = not fits and must and waited > ROOM_WAIT_S and (used <= self.budget or not stopped_holders(self.node_folder))
                 if fits or over:
                     if over and not self._warned:
                         self._warned = True
@@ -316,8 +319,9 @@ class NodeShardCache:
                 raise LockWaitTimeout(
                     f"{self.description}: waited {waited:.0f} s for {human_size(size)} of room in the node's shard cache "
                     f"at {self.node_folder} ({human_size(used)} used of a {human_size(self.budget)} cache_budget): "
-                    f"readers of this node hold every cached shard ({holders(self.node_folder)}) and one is already "
-                    "over the budget. Raise cache_budget, lower shuffle_window, or end the stopped processes there.")
+                    f"readers of this node hold every cached shard ({holders(self.node_folder)}), a stopped one among "
+                    "them, and the cache is already over the budget. Resume or end the stopped process, raise "
+                    "cache_budget or lower shuffle_window.")
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
 

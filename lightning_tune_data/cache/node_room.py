@@ -30,11 +30,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightning_tune_data.cache.owners import CLAIMING_SUFFIX, claimed, lock_holders, remove_if_unclaimed, wait_for_lock
+from lightning_tune_data.cache.owners import (
+    CLAIMING_SUFFIX, claimed, is_stopped, lock_holders, remove_if_unclaimed, wait_for_lock,
+)
 from lightning_tune_data.cache.reader_positions import READERS_FOLDER, ReaderPositions
 from lightning_tune_data.cache.sizes import human_size
 
-__all__ = ["DOWNLOAD_LOCKS", "PARTIAL_TAG", "ROOM_LOCK", "CacheFile", "evict", "eviction_order", "holders",
+__all__ = ["DOWNLOAD_LOCKS", "PARTIAL_TAG", "ROOM_LOCK", "CacheFile", "evict", "eviction_order", "holders", "stopped_holders",
            "make_room", "node_contents", "partial_size", "room_lock"]
 
 log = logging.getLogger("lightning_tune_data.cache.store")
@@ -168,6 +170,13 @@ def make_room(node_folder: Path, budget: int, size: int,
             if used + size <= budget:
                 return True, used
     return False, used
+
+
+def stopped_holders(node_folder: Path) -> list[int]:
+    """The stopped processes among those holding the node's cached shards (waiting on them is futile
+    until they resume; every other holder is a reader that lets go of shards as it moves on)."""
+    pids = {pid for item in node_contents(node_folder) for pid in lock_holders(item.path)}
+    return sorted(pid for pid in pids if is_stopped(pid))
 
 
 def holders(node_folder: Path) -> str:

@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["CLAIMING_SUFFIX", "LockWaitTimeout", "after_fork_in_child", "claim", "claimed", "forget_held", "hold", "lock_holders",
+__all__ = ["CLAIMING_SUFFIX", "LockWaitTimeout", "after_fork_in_child", "claim", "claimed", "forget_held", "hold", "is_stopped", "lock_holders",
            "release", "remove_if_unclaimed", "wait_for_lock"]
 
 #: Suffix of a file being claimed (created and locked, not renamed into place yet).
@@ -96,6 +96,16 @@ def lock_holders(path: Path) -> list[int]:
         if fields[5].rsplit(":", 1)[-1] == str(inode) and fields[4].isdigit():
             holders.append(int(fields[4]))
     return sorted(set(holders))
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, a debugger): it holds what it holds until resumed."""
+    try:
+        state = next(line.split(":", 1)[1].split()[0] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                     if line.startswith("State:"))
+    except (OSError, StopIteration, IndexError):
+        return False
+    return state in ("T", "t")
 
 
 def _describe_holders(path: Path) -> str:

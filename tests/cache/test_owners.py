@@ -123,3 +123,29 @@ def test_a_wait_goes_on_while_the_holder_makes_progress(tmp_path):
         os.close(fd)
         done.set()
         holder.join(30)
+
+
+def test_is_stopped_tells_a_stopped_process_from_a_running_one() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from lightning_tune_data.cache.owners import is_stopped
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not is_stopped(child.pid)
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not is_stopped(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert is_stopped(child.pid)
+        os.kill(child.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while is_stopped(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not is_stopped(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert not is_stopped(child.pid), "an ended process is not stopped"

@@ -172,19 +172,24 @@ def make_room(node_folder: Path, budget: int, size: int,
     return False, used
 
 
-def stopped_holders(node_folder: Path) -> list[int]:
-    """The stopped processes among those holding the node's cached shards (waiting on them is futile
-    until they resume; every other holder is a reader that lets go of shards as it moves on)."""
-    pids = {pid for item in node_contents(node_folder) for pid in lock_holders(item.path)}
-    return sorted(pid for pid in pids if is_stopped(pid))
-
-
-def holders(node_folder: Path) -> str:
-    """Which processes hold the node's cached shards (for messages): ``"process 12 (3 shards, 4.0 KB), ..."``."""
+def _held_sizes(node_folder: Path) -> dict[int, list[int]]:
+    """The sizes of the node's cached shards each process holds a lock on, by process id."""
     held: dict[int, list[int]] = {}
     for item in node_contents(node_folder):
         for pid in lock_holders(item.path):
             held.setdefault(pid, []).append(item.size)
+    return held
+
+
+def stopped_holders(node_folder: Path) -> list[int]:
+    """The stopped processes among those holding the node's cached shards (waiting on them is futile
+    until they resume; every other holder is a reader that lets go of shards as it moves on)."""
+    return sorted(pid for pid in _held_sizes(node_folder) if is_stopped(pid))
+
+
+def holders(node_folder: Path) -> str:
+    """Which processes hold the node's cached shards (for messages): ``"process 12 (3 shards, 4.0 KB), ..."``."""
+    held = _held_sizes(node_folder)
     return ", ".join(f"process {pid} ({len(sizes)} shards, {human_size(sum(sizes))})"
                      for pid, sizes in sorted(held.items())) or "no process"
 

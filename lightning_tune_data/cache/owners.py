@@ -98,26 +98,29 @@ def lock_holders(path: Path) -> list[int]:
     return sorted(set(holders))
 
 
+def _process_state(pid: int) -> str | None:
+    """Process ``pid``'s state as ``/proc/<pid>/status`` gives it (``"T (stopped)"``); ``None`` when gone."""
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("State:"))
+    except (OSError, StopIteration):
+        return None
+
+
 def is_stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (SIGSTOP, a debugger): it holds what it holds until resumed."""
-    try:
-        state = next(line.split(":", 1)[1].split()[0] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                     if line.startswith("State:"))
-    except (OSError, StopIteration, IndexError):
-        return False
-    return state in ("T", "t")
+    return (_process_state(pid) or "?")[0] in ("T", "t")
 
 
 def _describe_holders(path: Path) -> str:
     names = []
     for pid in lock_holders(path):
+        state = _process_state(pid)
         try:
-            state = next(line.split(":", 1)[1].strip() for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                         if line.startswith("State:"))
             command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            names.append(f"process {pid} ({state}: {command[:80]})")
-        except (OSError, StopIteration):
-            names.append(f"process {pid}")
+        except OSError:
+            state = None
+        names.append(f"process {pid}" if state is None else f"process {pid} ({state}: {command[:80]})")
     return ", ".join(names) if names else "another process"
 
 

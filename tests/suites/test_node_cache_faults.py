@@ -12,6 +12,7 @@ a small full filesystem, and a flaky network, with real processes of one node.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -177,10 +178,10 @@ def _pin(cache: NodeShardCache, shards: list[int], ready) -> None:  # noqa: ANN0
     time.sleep(120)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_readers_stuck_behind_a_stopped_process_that_pins_every_shard_go_over_by_one_shard_then_fail_naming_it(
-        s3, fault_proxy, tmp_path, monkeypatch):
+@contextlib.contextmanager
+def _reader_holding_the_whole_budget(s3, fault_proxy, tmp_path, monkeypatch):  # noqa: ANN001, ANN202
+    """A cache of four 10 KB shards under a 20 KB budget, short waits, and a forked reader pinning
+    shards 0 and 1 (every byte of the budget): yields ``(cache, blobs, holder)``, kills it after."""
     monkeypatch.setattr(node_cache, "ROOM_WAIT_S", 0.3)
     monkeypatch.setattr(node_cache, "LOCK_WAIT_S", 1.0)
     entries, blobs = put_random_shards(s3, STORE, [10_000] * 4)
@@ -190,6 +191,17 @@ def test_readers_stuck_behind_a_stopped_process_that_pins_every_shard_go_over_by
     holder.start()
     try:
         assert ready.wait(30)
+        yield cache, blobs, holder
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join(30)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_readers_stuck_behind_a_stopped_process_that_pins_every_shard_go_over_by_one_shard_then_fail_naming_it(
+        s3, fault_proxy, tmp_path, monkeypatch):
+    with _reader_holding_the_whole_budget(s3, fault_proxy, tmp_path, monkeypatch) as (cache, blobs, holder):
         os.kill(holder.pid, signal.SIGSTOP)
         with pytest.warns(UserWarning, match="goes over its budget by one shard"):
             assert cache.acquire(2).read_bytes() == blobs[2]
@@ -198,31 +210,17 @@ def test_readers_stuck_behind_a_stopped_process_that_pins_every_shard_go_over_by
         with pytest.raises(LockWaitTimeout, match=rf"waited .* for 10.0 KB of room .*process {holder.pid} \(2 shards, 20.0 KB\).*a stopped one among them.*raise cache_budget"):
             cache.acquire(3)
         assert time.monotonic() - began < 10 and cache.node_usage() == 30_000
-    finally:
-        os.kill(holder.pid, signal.SIGKILL)
-        holder.join(30)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_readers_that_pin_every_shard_and_keep_running_go_over_the_budget_instead_of_waiting_for_each_other(
         s3, fault_proxy, tmp_path, monkeypatch):
-    monkeypatch.setattr(node_cache, "ROOM_WAIT_S", 0.3)
-    monkeypatch.setattr(node_cache, "LOCK_WAIT_S", 1.0)
-    entries, blobs = put_random_shards(s3, STORE, [10_000] * 4)
-    cache = remote_cache(s3, fault_proxy, tmp_path / "node", entries, budget=20_000)
-    ready = FORK.Event()
-    holder = FORK.Process(target=_pin, args=(cache, [0, 1], ready))  # a running reader that holds its window
-    holder.start()
-    try:
-        assert ready.wait(30)
+    with _reader_holding_the_whole_budget(s3, fault_proxy, tmp_path, monkeypatch) as (cache, blobs, _):
         with pytest.warns(UserWarning, match="goes over its budget by one shard"):
             assert cache.acquire(2).read_bytes() == blobs[2]
         assert cache.acquire(3).read_bytes() == blobs[3], "a second shard while over: no error, no deadlock"
         assert cache.node_usage() == 40_000
-    finally:
-        os.kill(holder.pid, signal.SIGKILL)
-        holder.join(30)
 
 
 # -- a small full filesystem ---------------------------------------------------------------------------

@@ -13,9 +13,9 @@ and is derived here with a handful of whole-batch tensor operations on the batch
 * ``labels``: the next id where the label is a target, ``-100`` elsewhere. Without a target mask a
   label is a target when the next position is a real token of the same document.
 
-On the host (a CPU run) the same is computed with NumPy into one ``[planes, B, L]`` block, as the
-collator writes it: a few tens of microseconds, without torch's intra-op thread pool, which costs
-milliseconds per batch when the process shares its cores with dataloader workers.
+On the host (a CPU run) the same is computed with NumPy, each plane written once (a packed batch's
+padding only where a row has some): a few tens of microseconds, without torch's intra-op thread
+pool, which costs milliseconds per batch when the process shares its cores with dataloader workers.
 
 The result equals, bit for bit, the full batch the collator writes with ``compact=False`` (the
 tests compare both for every packing strategy, masked and unmasked documents, and resumed runs).
@@ -141,38 +141,82 @@ def _expand_padded(batch: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _expand_packed_on_host(batch: Mapping[str, Any]) -> dict[str, Any]:
-    """:func:`_expand_packed` with NumPy, into one ``[5, B, L]`` block."""
+    """:func:`_expand_packed` with NumPy, in as few passes over the ``[B, L]`` planes as the format
+    allows (each plane is written once, padding only where a row has some).
+
+    Every row is its documents then its padding, one more segment (of document id ``-1``). The
+    label at a segment's last position is ``-100`` (a document's last token, or padding), every
+    other real token's label is the next id; ``position_ids`` are the positions minus their
+    segment's start, with each row's padding set to 0 afterwards (a slice per padded row).
+    """
     ids, seq_lens = batch[INPUT_IDS].numpy(), batch[SEQ_LENS].numpy()
     rows, width = ids.shape
-    block = np.empty((5, rows, width), dtype=np.int64)
-    input_ids, labels, position_ids, document_ids, attention_mask = block
-    np.copyto(input_ids, ids)
-    counts = np.concatenate((seq_lens, width - seq_lens.sum(axis=1, keepdims=True)), axis=1).reshape(-1)
-    numbers = np.arange(seq_lens.shape[1] + 1, dtype=np.int64)
-    numbers[-1] = PAD_DOCUMENT_ID
-    document_ids.reshape(-1)[:] = np.tile(numbers, rows).repeat(counts)
-    starts = counts.cumsum() - counts
-    np.subtract(np.arange(rows * width, dtype=np.int64), starts.repeat(counts), out=position_ids.reshape(-1))
-    real = document_ids != PAD_DOCUMENT_ID
-    position_ids *= real
-    np.copyto(attention_mask, real)
+    size = rows * width
+    documents = seq_lens.shape[1]
+    lengths = seq_lens.sum(axis=1)
+    counts = np.empty((rows, documents + 1), dtype=np.int64)
+    counts[:, :documents] = seq_lens
+    np.subtract(width, lengths, out=counts[:, documents])
+    counts = counts.reshape(-1)
+    ends = counts.cumsum()
+    input_ids = ids.astype(np.int64)
+    document_ids = np.repeat(_segment_numbers(documents, rows), counts)
+    position_ids = np.repeat(ends - counts, counts)
+    np.subtract(_positions(size), position_ids, out=position_ids)
+    attention_mask = np.ones(size, dtype=np.int64)
+    labels = np.empty(size, dtype=np.int64)
     targets = batch.get(TARGET_MASK)
     if targets is None:
-        targets = np.zeros_like(real)
-        np.logical_and(document_ids[:, 1:] == document_ids[:, :-1], real[:, 1:], out=targets[:, :-1])
+        labels[:-1] = ids.reshape(-1)[1:]
+        labels[ends - 1] = IGNORE_INDEX  # every segment's last label (a zero-length one's falls on an end too)
     else:
-        targets = targets.numpy()
-    _host_labels(input_ids, targets, labels)
-    planes = [torch.from_numpy(plane) for plane in block]
+        labels.fill(IGNORE_INDEX)
+        np.copyto(labels.reshape(rows, width)[:, :-1], input_ids[:, 1:], where=targets.numpy()[:, :-1])
+    if size:
+        labels[-1] = IGNORE_INDEX
+    position_ids, document_ids, attention_mask, labels = (plane.reshape(rows, width) for plane in
+                                                         (position_ids, document_ids, attention_mask, labels))
+    for row in np.flatnonzero(lengths < width).tolist():  # rows with padding (none in a ``concat`` batch)
+        n = int(lengths[row])
+        position_ids[row, n:] = 0
+        attention_mask[row, n:] = 0
+        labels[row, n:] = IGNORE_INDEX
     return {
-        INPUT_IDS: planes[0],
-        LABELS: planes[1],
-        POSITION_IDS: planes[2],
-        DOCUMENT_IDS: planes[3],
-        ATTENTION_MASK: planes[4],
+        INPUT_IDS: torch.from_numpy(input_ids),
+        LABELS: torch.from_numpy(labels),
+        POSITION_IDS: torch.from_numpy(position_ids),
+        DOCUMENT_IDS: torch.from_numpy(document_ids),
+        ATTENTION_MASK: torch.from_numpy(attention_mask),
         SEQ_LENS: batch[SEQ_LENS],
         PROVENANCE: batch[PROVENANCE],
     }
+
+
+_POSITIONS: list[np.ndarray] = [np.arange(0, dtype=np.int64)]
+_NUMBERS: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _positions(size: int) -> np.ndarray:
+    """``0..size-1`` as a view of one cached, read-only array (regrown when a larger one is asked for)."""
+    positions = _POSITIONS[0]
+    if positions.shape[0] < size:
+        positions = np.arange(max(size, 1 << 15), dtype=np.int64)
+        positions.flags.writeable = False
+        _POSITIONS[0] = positions
+    return positions[:size]
+
+
+def _segment_numbers(documents: int, rows: int) -> np.ndarray:
+    """Each row's segment numbers ``0..documents-1, -1`` (its padding), ``rows`` times (cached)."""
+    numbers = _NUMBERS.get((documents, rows))
+    if numbers is None:
+        if len(_NUMBERS) > 64:
+            _NUMBERS.clear()
+        row = np.arange(documents + 1, dtype=np.int64)
+        row[-1] = PAD_DOCUMENT_ID
+        numbers = _NUMBERS[(documents, rows)] = np.tile(row, rows)
+        numbers.flags.writeable = False
+    return numbers
 
 
 def _expand_padded_on_host(batch: Mapping[str, Any]) -> dict[str, Any]:

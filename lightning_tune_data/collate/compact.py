@@ -24,11 +24,13 @@ hand-made samples) gets a full batch instead: the expansion passes full batches 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from lightning_tune_data.collate.worker_memory import batch_parts
 from lightning_tune_data.keys import (
@@ -42,7 +44,6 @@ from lightning_tune_data.keys import (
     TARGET_TOKENS,
 )
 from lightning_tune_data.packing.pack import Pack
-from lightning_tune_data.packing.pieces import LENGTH_AT
 from lightning_tune_data.packing.rows import write_rows
 
 __all__ = ["compact_ids_dtype", "compact_packed_batch", "compact_packs", "compact_padded_batch", "compact_tensors"]
@@ -90,33 +91,29 @@ def compact_tensors(batch: Any, pin_memory: bool = False) -> Any:
     return batch
 
 
-def compact_packed_batch(values: np.ndarray, dtype: np.dtype, width: int, seq_lens: Sequence[int], documents: int,
-                         target: np.ndarray | None, provenance: dict[str, list[Any]]) -> dict[str, Any]:
-    """A compact packed batch in one buffer (one shared-memory segment in a worker).
+def compact_packed_batch(ids: np.ndarray, seq_lens: np.ndarray, target: np.ndarray | None,
+                         provenance: dict[str, list[Any]]) -> dict[str, Any]:
+    """A compact packed batch of its arrays: tensors sharing their memory in the main process, the
+    arrays themselves in a dataloader worker (pickled inline on the way out; see
+    :mod:`~lightning_tune_data.collate.worker_memory`).
 
     Args:
-        values: the rows' token ids, padded, flattened (``B * width`` values).
-        dtype: the dtype to carry them in (:func:`compact_ids_dtype`).
-        width: tokens per row.
-        seq_lens: the documents' lengths, row by row, each row zero-padded to ``documents``.
-        documents: the most documents in a row (``seq_lens``' second dimension).
-        target: ``[B * width]`` bool, ``True`` where the label is a target, or ``None`` (no
-            document masks targets).
+        ids: ``[B, L]`` token ids, padded, in the dtype they travel in (:func:`compact_ids_dtype`).
+        seq_lens: ``[B, D]`` int64, the documents' lengths row by row, each row zero-padded.
+        target: ``[B, L]`` bool, ``True`` where the label is a target, or ``None`` (no document
+            masks targets).
         provenance: the batch's provenance, as a full batch has it.
     """
-    rows = values.shape[0] // width
-    parts = [((rows, width), dtype), ((rows, documents), np.int64)]
+    wrap = torch.from_numpy if get_worker_info() is None else _as_is
+    batch: dict[str, Any] = {COMPACT_LAYOUT: "packed", INPUT_IDS: wrap(ids), SEQ_LENS: wrap(seq_lens)}
     if target is not None:
-        parts.append(((rows, width), np.bool_))
-    arrays, tensors = batch_parts(parts)
-    np.copyto(arrays[0].reshape(-1), values, casting="unsafe")  # checked to fit by compact_ids_dtype
-    arrays[1].reshape(-1)[:] = seq_lens
-    batch: dict[str, Any] = {COMPACT_LAYOUT: "packed", INPUT_IDS: tensors[0], SEQ_LENS: tensors[1]}
-    if target is not None:
-        arrays[2].reshape(-1)[:] = target
-        batch[TARGET_MASK] = tensors[2]
+        batch[TARGET_MASK] = wrap(target)
     batch[PROVENANCE] = provenance
     return batch
+
+
+def _as_is(array: np.ndarray) -> np.ndarray:
+    return array
 
 
 def compact_padded_batch(tokens: np.ndarray, dtype: np.dtype, lengths: Sequence[int], width: int, pad_id: int,
@@ -153,43 +150,66 @@ def compact_padded_batch(tokens: np.ndarray, dtype: np.dtype, lengths: Sequence[
     return batch
 
 
-def compact_packs(packs: Sequence[Pack], width: int, pad_id: int, lens: Sequence[int],
-                  sources: Sequence[str], pack_lengths: Sequence[int], seq_lens_values: Sequence[int], most: int,
-                  segment_ends: np.ndarray, piece_starts: np.ndarray,
-                  provenance: dict[str, list[Any]]) -> dict[str, Any] | None:
+def compact_packs(packs: Sequence[Pack], width: int, pad_id: int, lens: Sequence[int], sources: Sequence[str],
+                  seq_lens_values: Sequence[int], most: int, provenance: dict[str, list[Any]]) -> dict[str, Any] | None:
     """The compact batch of the packer's own packs, or ``None`` when only a full batch is exact
-    (an id equal to the ignore label). The rows are joined as for a full batch; a target mask
-    is written only when a piece carries its own labels (a masked document).
+    (an id equal to the ignore label). The rows are joined as for a full batch, and carried as
+    joined when they are int32 already (no copy); a target mask is written only when a piece
+    carries its own labels (a masked document).
 
     Args:
         packs: the batch's packs (the packer's own), one per row.
         width: tokens per row.
         pad_id: the id written after each pack's tokens.
         lens, sources: every piece's length and source name, packs back to back.
-        pack_lengths: each pack's tokens.
         seq_lens_values: the pieces' lengths, row by row, each row zero-padded to ``most``.
         most: the most pieces in a row.
-        segment_ends: the end of every piece and of each row's padding in the flattened rows.
-        piece_starts: the start of every piece in the flattened rows.
         provenance: the batch's provenance without ``target_tokens`` (added here).
     """
-    size = len(packs) * width
-    values = write_rows(packs, width, pad_id, None, lens, sources)  # the joined rows, or int64 ones
+    rows = len(packs)
+    values = write_rows(packs, width, pad_id, None, lens, sources)  # the joined rows (writable), or int64 ones
     dtype = compact_ids_dtype(values, pad_id)
     if dtype is None:
         return None
-    target = None
-    if any(extra is not None and extra.labels is not None for pack in packs for extra in pack.extras or ()):
-        target = np.ones(size, dtype=bool)
-        target[segment_ends - 1] = False  # every piece's last label, and each row's padding's
-        for row, (pack, n) in enumerate(zip(packs, pack_lengths)):
-            target[row * width + n: (row + 1) * width] = False
-            start = row * width
-            for ref, extra in zip(pack.refs, pack.extras or ()):
-                if extra is not None and extra.labels is not None:
-                    target[start: start + ref[LENGTH_AT]] = extra.labels != IGNORE_INDEX
-                start += ref[LENGTH_AT]
-        provenance[TARGET_TOKENS] = np.add.reduceat(target.view(np.uint8), piece_starts, dtype=np.int64).tolist()
-    else:
+    ids = (values if values.dtype == dtype else values.astype(dtype)).reshape(rows, width)
+    target = _target_mask(packs, width, lens) if any(pack.extras is not None for pack in packs) else None
+    if target is None:
         provenance[TARGET_TOKENS] = [length - 1 for length in lens]  # no id is the ignore label
-    return compact_packed_batch(values, dtype, width, seq_lens_values, most, target, provenance)
+    else:
+        piece_starts = _piece_starts(packs, width, lens)
+        provenance[TARGET_TOKENS] = np.add.reduceat(target.view(np.uint8), piece_starts, dtype=np.int64).tolist()
+        target = target.reshape(rows, width)
+    seq_lens = np.array(seq_lens_values, dtype=np.int64).reshape(rows, most)
+    return compact_packed_batch(ids, seq_lens, target, provenance)
+
+
+def _piece_starts(packs: Sequence[Pack], width: int, lens: Sequence[int]) -> np.ndarray:
+    """Where every piece starts in the flattened ``[B, width]`` rows."""
+    starts, first = [], 0
+    for row, pack in enumerate(packs):
+        count = len(pack.refs)
+        starts += itertools.accumulate(lens[first: first + count - 1], initial=row * width)
+        first += count
+    return np.array(starts, dtype=np.int64)
+
+
+def _target_mask(packs: Sequence[Pack], width: int, lens: Sequence[int]) -> np.ndarray | None:
+    """``[B * width]`` bool, ``True`` where the label is a target, when some piece carries its own
+    labels (a masked document); else ``None`` (every label but a piece's last is a target)."""
+    if not any(extra is not None and extra.labels is not None for pack in packs for extra in pack.extras or ()):
+        return None
+    target = np.zeros(len(packs) * width, dtype=bool)
+    first = 0
+    for row, pack in enumerate(packs):
+        start = row * width
+        extras = pack.extras or ()
+        for index in range(len(pack.refs)):
+            n = lens[first + index]
+            extra = extras[index] if index < len(extras) else None
+            if extra is not None and extra.labels is not None:
+                target[start: start + n] = extra.labels != IGNORE_INDEX
+            else:  # the plain shift: every label but the piece's last
+                target[start: start + n - 1] = True
+            start += n
+        first += len(pack.refs)
+    return target

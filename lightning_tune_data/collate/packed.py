@@ -241,6 +241,27 @@ class PackedCollator:
         most = max(counts)
         columns = tuple(zip(*itertools.chain.from_iterable(refs)))
         lens = columns[LENGTH_AT]
+        if most == min(counts):
+            seq_lens_values = lens
+        else:
+            seq_lens_values, zeros, first = [], (0,) * most, 0
+            for count in counts:
+                seq_lens_values += lens[first : first + count]
+                seq_lens_values += zeros[count:]
+                first += count
+        provenance = {
+            SOURCE: list(columns[SOURCE_AT]),
+            EPOCH: list(columns[EPOCH_AT]),
+            TOKENS: list(lens),
+            ROW: list(itertools.chain.from_iterable(itertools.starmap(itertools.repeat, enumerate(counts)))),
+            NEW_DOCUMENT: list(columns[NEW_DOCUMENT_AT]),
+            DROPPED_BEFORE: list(columns[DROPPED_AT]),
+            TRUNCATED_TOKENS: list(columns[TRUNCATED_AT]),
+        }
+        if self.compact:
+            batch = compact_packs(packs, width, self.pad_id, lens, columns[SOURCE_AT], seq_lens_values, most, provenance)
+            if batch is not None:
+                return batch
         full = longest == width and min(pack_lengths) == width
         # Segments of the flattened [B, width] block: every piece, and each row's padding (a few
         # dozen values: Python lists are cheaper than NumPy calls at this size). Rows without
@@ -257,33 +278,9 @@ class PackedCollator:
                 first += count
                 segment_documents += range(count)
                 segment_documents.append(PAD_DOCUMENT_ID)
-        if most == min(counts):
-            seq_lens_values = lens
-        else:
-            seq_lens_values, zeros, first = [], (0,) * most, 0
-            for count in counts:
-                seq_lens_values += lens[first : first + count]
-                seq_lens_values += zeros[count:]
-                first += count
-        document_rows = list(itertools.chain.from_iterable(itertools.starmap(itertools.repeat, enumerate(counts))))
         segment_lens_array = np.array(segment_lens, dtype=np.int64)
         segment_ends = segment_lens_array.cumsum()
         segment_documents_array = np.array(segment_documents, dtype=np.int64)
-        provenance = {
-            SOURCE: list(columns[SOURCE_AT]),
-            EPOCH: list(columns[EPOCH_AT]),
-            TOKENS: list(lens),
-            ROW: document_rows,
-            NEW_DOCUMENT: list(columns[NEW_DOCUMENT_AT]),
-            DROPPED_BEFORE: list(columns[DROPPED_AT]),
-            TRUNCATED_TOKENS: list(columns[TRUNCATED_AT]),
-        }
-        if self.compact:
-            piece_starts = (segment_ends - segment_lens_array)[segment_documents_array != PAD_DOCUMENT_ID]
-            batch = compact_packs(packs, width, self.pad_id, lens, columns[SOURCE_AT], pack_lengths, seq_lens_values,
-                                  most, segment_ends, piece_starts, provenance)
-            if batch is not None:
-                return batch
 
         fills = (self.pad_id, IGNORE_INDEX, 0, PAD_DOCUMENT_ID)
         views, planes, seq_lens, seq_lens_tensor = _outputs(len(fills) + 1, batch_size, width, most)

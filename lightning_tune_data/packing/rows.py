@@ -88,7 +88,7 @@ def _joined_rows(packs: Sequence[Pack], width: int, pad_id: int, lengths: Sequen
         if pack.length < width:
             parts.insert(end, padding[: width - pack.length])
         end -= len(pack.tokens)
-    return np.frombuffer(b"".join(parts), dtype=dtype)
+    return np.frombuffer(bytearray().join(parts), dtype=dtype)  # writable: a caller may keep it as its batch
 
 
 def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray | None,
@@ -112,9 +112,9 @@ def write_rows(packs: Sequence[Pack], width: int, pad_id: int, out: np.ndarray |
         sources: every piece's source name, likewise.
 
     Returns:
-        The joined rows in the flat arrays' dtype when they were joined (a caller that shifts
-        them, for labels, reads these narrower values), else ``None`` (with ``out=None``: the
-        concatenated rows).
+        The joined rows in the flat arrays' dtype when they were joined (a writable array of its
+        own: a caller that shifts them, for labels, reads these narrower values, and a compact
+        batch carries them as they are), else ``None`` (with ``out=None``: the concatenated rows).
     """
     if lengths is None or sources is None:
         refs = list(itertools.chain.from_iterable(map(_REFS, packs)))

@@ -55,13 +55,14 @@ def output_stem(args: argparse.Namespace, quick: bool) -> Path:
 
 BENCHMARKS = ["throughput", "resume", "memory", "prepare", "packing", "step"]
 
-# --- hot-path, tokenizer and worker-memory benchmarks (bench_hotpath.py, bench_tokenize.py, bench_worker_memory.py): their module per name,
+# --- hot-path, tokenizer, worker-memory and later benchmarks (bench_hotpath.py, bench_tokenize.py, ...): their module per name,
 # their inputs (token data / text data) prepared like the others'.
 EXTRA_BENCHMARKS = {"hotpath": "bench_hotpath", "tokenize": "bench_tokenize", "worker_memory": "bench_worker_memory",
                     "store": "bench_store", "node_cache": "bench_node_cache", "schedule": "bench_schedule",
-                    "main_process": "bench_main_process"}
+                    "main_process": "bench_main_process", "model_ready": "bench_model_ready"}
 BENCHMARKS += list(EXTRA_BENCHMARKS)
-TOKEN_DATA_BENCHMARKS = {"throughput", "resume", "memory", "step", "hotpath", "worker_memory", "schedule", "main_process"}
+TOKEN_DATA_BENCHMARKS = {"throughput", "resume", "memory", "step", "hotpath", "worker_memory", "schedule", "main_process",
+                         "model_ready"}
 TEXT_DATA_BENCHMARKS = {"prepare", "tokenize"}
 # --- end
 

@@ -95,3 +95,24 @@ def test_main_process_rows_compare_ours_with_todays_and_check_the_goals() -> Non
     assert [row.met for row in goals] == [True, True] * len(bench_main_process.CONFIGS)  # 200 us <= 300, 100 >= 2 x 40
     delivered = next(row for row in rows if row.metric == "delivered batches/s, 2 workers, compact")
     assert delivered.ratio == 2.5
+
+
+def test_model_ready_rows_set_ours_against_the_blocks_reader_litdata_and_the_floors() -> None:
+    import bench_model_ready
+
+    names = ["blocks", "compact planes floor", "five planes floor", "litdata"]
+    names += [f"{strategy} {kind}" for strategy in bench_model_ready.STRATEGIES for kind in ("compact", "model-ready", "full")]
+    rates = {"blocks": 400.0, "compact planes floor": 600.0, "five planes floor": 200.0, "litdata": 150.0,
+             "concat compact": 210.0, "concat model-ready": 160.0, "best_fit compact": 100.0}
+    samples = {name: [(50.0, rates.get(name, 80.0))] for name in names}
+    parts = dict.fromkeys(["block reading", "placement", "collation", "join of the rows", "state record", "whole",
+                           "expansion (one batch, warm)"], 10.0)
+    rows = bench_model_ready.results_of(samples, {strategy: parts for strategy in bench_model_ready.STRATEGIES},
+                                        "0.2.76", 1, 10)
+    goals = {row.config: (row.ratio, row.met) for row in rows if row.target}
+    assert goals == {"concat, loader output (compact)": (0.525, True), "concat, model-ready on CPU (compact + expanded)":
+                     (160 / 150, True), "best_fit, loader output (compact)": (0.25, False),
+                     "best_fit, model-ready on CPU (compact + expanded)": (80 / 150, False)}
+    without_litdata = bench_model_ready.results_of(samples, {s: parts for s in bench_model_ready.STRATEGIES}, None, 1, 10)
+    assert any(row.metric == "not measured" for row in without_litdata)
+    assert sum(row.target == ">= 1x" for row in without_litdata) == 0  # no peer: no model-ready goal to check

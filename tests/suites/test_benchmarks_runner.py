@@ -106,7 +106,7 @@ def test_model_ready_rows_set_ours_against_the_blocks_reader_litdata_and_the_flo
              "concat compact": 210.0, "concat model-ready": 160.0, "best_fit compact": 100.0}
     samples = {name: [(50.0, rates.get(name, 80.0))] for name in names}
     parts = dict.fromkeys(["block reading", "placement", "collation", "join of the rows", "state record", "whole",
-                           "expansion (one batch, warm)"], 10.0)
+                           "expansion"], 10.0)
     rows = bench_model_ready.results_of(samples, {strategy: parts for strategy in bench_model_ready.STRATEGIES},
                                         "0.2.76", 1, 10)
     goals = {row.config: (row.ratio, row.met) for row in rows if row.target}

@@ -24,12 +24,14 @@ A batch that is not compact is returned unchanged.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+from lightning_tune_data.collate.base import ArangeCache
 from lightning_tune_data.keys import (
     ATTENTION_MASK,
     COMPACT_LAYOUT,
@@ -162,7 +164,7 @@ def _expand_packed_on_host(batch: Mapping[str, Any]) -> dict[str, Any]:
     input_ids = ids.astype(np.int64)
     document_ids = np.repeat(_segment_numbers(documents, rows), counts)
     position_ids = np.repeat(ends - counts, counts)
-    np.subtract(_positions(size), position_ids, out=position_ids)
+    np.subtract(_POSITIONS(size), position_ids, out=position_ids)
     attention_mask = np.ones(size, dtype=np.int64)
     labels = np.empty(size, dtype=np.int64)
     targets = batch.get(TARGET_MASK)
@@ -192,30 +194,17 @@ def _expand_packed_on_host(batch: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-_POSITIONS: list[np.ndarray] = [np.arange(0, dtype=np.int64)]
-_NUMBERS: dict[tuple[int, int], np.ndarray] = {}
+#: ``0..n-1`` as views of one cached array (only read here).
+_POSITIONS = ArangeCache()
 
 
-def _positions(size: int) -> np.ndarray:
-    """``0..size-1`` as a view of one cached, read-only array (regrown when a larger one is asked for)."""
-    positions = _POSITIONS[0]
-    if positions.shape[0] < size:
-        positions = np.arange(max(size, 1 << 15), dtype=np.int64)
-        positions.flags.writeable = False
-        _POSITIONS[0] = positions
-    return positions[:size]
-
-
+@functools.lru_cache(maxsize=64)
 def _segment_numbers(documents: int, rows: int) -> np.ndarray:
-    """Each row's segment numbers ``0..documents-1, -1`` (its padding), ``rows`` times (cached)."""
-    numbers = _NUMBERS.get((documents, rows))
-    if numbers is None:
-        if len(_NUMBERS) > 64:
-            _NUMBERS.clear()
-        row = np.arange(documents + 1, dtype=np.int64)
-        row[-1] = PAD_DOCUMENT_ID
-        numbers = _NUMBERS[(documents, rows)] = np.tile(row, rows)
-        numbers.flags.writeable = False
+    """Each row's segment numbers ``0..documents-1, -1`` (its padding), ``rows`` times (cached, read-only)."""
+    row = np.arange(documents + 1, dtype=np.int64)
+    row[-1] = PAD_DOCUMENT_ID
+    numbers = np.tile(row, rows)
+    numbers.flags.writeable = False
     return numbers
 
 

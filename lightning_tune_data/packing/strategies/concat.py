@@ -86,7 +86,9 @@ class Concat(PackingStrategy):
             n = ref[LENGTH_AT]
             offset = 0
             while offset < n:  # add()'s loop for the document that fills the pack, pieces cut inline
-                take = min(cap - pack.length, n - offset)
+                room, take = cap - pack.length, n - offset
+                if room < take:
+                    take = room
                 if take == n:
                     pack.refs.append(ref)
                     pack.tokens.append(position)
@@ -100,10 +102,12 @@ class Concat(PackingStrategy):
                     pack.tokens.append(piece_tokens)
                 pack.length += take
                 offset += take
-                if pack.length == cap:
+                if take == room:  # the pack is full: it is finished, the next one opens (open_pack inlined)
                     ready.append(open_packs.pop(number))
                     pack = Pack(stores)
-                    number = self.open_pack(pack)
+                    number = self.next_number
+                    self.next_number = number + 1
+                    open_packs[number] = pack
             at = last + 1
             if pack.length == 0:  # the document ended exactly at a pack's end: no pack stays open
                 del open_packs[number]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import operator
 import pickle
 import sys
 import time

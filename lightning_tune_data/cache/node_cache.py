@@ -127,11 +127,16 @@ class NodeShardCache:
         budget: bytes of shards this node keeps, for every store read shard by shard.
         retries: how failing reads of a shard are retried.
         description: names the source in messages.
+        fetch: writes a shard's bytes to a local file instead of downloading the store's file
+            (``fetch(entry, target, on_bytes)``; it raises when they are not the recorded
+            bytes): a byte range of a large file, for a tokenized corpus read by ranges.
     """
 
     def __init__(self, files: StoreFiles, folder: Path, shards: list[dict[str, Any]], budget: int,
-                 retries: FetchRetries = FetchRetries(), description: str = "store") -> None:
+                 retries: FetchRetries = FetchRetries(), description: str = "store",
+                 fetch: Callable[[dict[str, Any], Path, Callable[[int], None]], None] | None = None) -> None:
         self.files = files
+        self.fetch = fetch
         self.node_folder = Path(folder)
         self.folder = self.node_folder / f"{files.name}-{commit_identity(shards)[:12]}"
         self.shards = shards
@@ -347,8 +352,11 @@ class NodeShardCache:
                 return False
             partial, owner = reserved
             try:
-                fetch_shard(self.files, self.shards[shard]["path"], self.shards[shard], partial, self.retries,
-                            self._count)
+                if self.fetch is not None:
+                    self.fetch(self.shards[shard], partial, self._count)
+                else:
+                    fetch_shard(self.files, self.shards[shard]["path"], self.shards[shard], partial, self.retries,
+                                self._count)
                 os.replace(partial, target)
             except BaseException:
                 partial.unlink(missing_ok=True)

@@ -6,7 +6,10 @@ time), reads small files and byte ranges (headers, index files), and gives a loc
 file to memory-map. A local file is used in place. A remote file is copied whole, once per node,
 into ``<local_cache_dir>/tokenized/``, named by its URL and identity (a changed remote file is
 fetched again under a new name, never mixed with an old copy), written to a temporary name and
-renamed, so a killed copy is never used.
+renamed, so a killed copy is never used. A remote corpus larger than its share of the node's
+``cache_budget`` is not copied at all (:attr:`CorpusFiles.ranged`): its token files are read by
+byte ranges through the node's shard cache (:mod:`lightning_tune_data.formats.ranged`), and what
+opening needs of them (headers, a delimiter scan) is read with ranged requests.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lightning_tune_data.managers.errors import DataSourceError
 
-__all__ = ["CorpusFiles", "LOCAL_COPIES_FOLDER"]
+__all__ = ["CorpusFiles", "LOCAL_COPIES_FOLDER", "RemoteTokens"]
 
 #: Folder of this node's copies of remote corpus files, under the local cache folder.
 LOCAL_COPIES_FOLDER = "tokenized"
@@ -66,15 +71,19 @@ class CorpusFiles:
         storage_options: options of the URL's filesystem (endpoint, credentials).
         local_dir: this node's folder for copies of remote files.
         description: names the source in errors.
+        budget_share: this source's share of the node's ``cache_budget`` (``None``: no budget); a
+            remote corpus larger than it is read by byte ranges instead of copied whole.
     """
 
-    def __init__(self, path: str, storage_options: dict[str, Any] | None, local_dir: Path, description: str) -> None:
+    def __init__(self, path: str, storage_options: dict[str, Any] | None, local_dir: Path, description: str,
+                 budget_share: int | None = None) -> None:
         path = os.fspath(path)
         self.path = path[len("file://"):] if path.startswith("file://") else path
         self.storage_options = dict(storage_options or {})
         self.local_dir = Path(local_dir)
         self.description = description
         self.remote = _is_url(self.path)
+        self.budget_share = budget_share
         self._listing: dict[str, dict[str, Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -128,6 +137,27 @@ class CorpusFiles:
         self._listing = dict(sorted(found.items()))
         return self._listing
 
+    @property
+    def ranged(self) -> bool:
+        """Whether the corpus is read by byte ranges under the node's budget: a remote corpus whose
+        files are larger than its share of ``cache_budget`` (no file of it is copied whole)."""
+        if not self.remote or self.budget_share is None:
+            return False
+        return sum(info["size"] for info in self.listing().values()) > self.budget_share
+
+    def fs_path(self, name: str) -> str:
+        """``name`` (a listed file, or the URL of one) as its filesystem names it."""
+        return name.split("://", 1)[1] if "://" in name else name
+
+    def tokens(self, path: str, dtype: str, start: int, count: int) -> Any:
+        """The ``count`` ids of ``dtype`` from byte ``start`` of ``path`` (what :meth:`local` gave):
+        memory-mapped, or for a corpus read by ranges an array-like read with ranged requests."""
+        if count == 0:
+            return np.zeros(0, dtype)
+        if "://" in path:
+            return RemoteTokens(self, path, dtype, start, count)
+        return np.memmap(path, dtype=dtype, mode="r", offset=start, shape=(count,))
+
     def identity(self, name: str) -> dict[str, Any]:
         """``{"url", "size", "stamp"}`` of a listed file, as listed."""
         return {"url": self.url(name), **self.listing()[name]}
@@ -172,9 +202,12 @@ class CorpusFiles:
 
     def local(self, name: str) -> str:
         """A local path of the file's bytes to memory-map: the file itself, or this node's copy
-        of a remote file (copied whole on first use, checked by size after)."""
+        of a remote file (copied whole on first use, checked by size after); for a corpus read
+        by ranges (:attr:`ranged`), the file's URL (nothing is copied)."""
         if not self.remote:
             return name
+        if self.ranged:
+            return self.url(name)
         info = self.listing()[name]
         target = self._copy_path(name)
         if self._is_copied(name, target):
@@ -190,3 +223,37 @@ class CorpusFiles:
             )
         os.replace(partial, target)
         return str(target)
+
+
+class RemoteTokens:
+    """Token ids of a remote file, read with ranged requests when sliced (nothing is kept).
+
+    It stands where a memory map of a local file stands while a corpus is opened (a delimiter
+    scan reads it block by block once per node).
+
+    Args:
+        files: the corpus's files.
+        url: the file's URL.
+        dtype: the ids' dtype.
+        start: byte offset of the first id.
+        count: ids.
+    """
+
+    def __init__(self, files: CorpusFiles, url: str, dtype: str, start: int, count: int) -> None:
+        self.files, self.url, self.dtype = files, url, np.dtype(dtype)
+        self.start, self.count = int(start), int(count)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        first, stop, _ = key.indices(self.count)
+        if stop <= first:
+            return np.zeros(0, self.dtype)
+        width = self.dtype.itemsize
+        data = self.files.read_bytes(self.files.fs_path(self.url), self.start + first * width, (stop - first) * width)
+        return np.frombuffer(data, dtype=self.dtype)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        values = self[0 : self.count]
+        return values if dtype is None else values.astype(dtype)

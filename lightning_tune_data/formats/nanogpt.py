@@ -82,4 +82,4 @@ def open_llmc(files: CorpusFiles, names: list[str], options: FormatOptions) -> l
         path = files.local(name)
         found = delimiter_positions(files, name, path, dtype, LLMC_HEADER_BYTES, count, delimiter, options)
         parts.append((files.url(name), path, LLMC_HEADER_BYTES, count, found, [files.identity(name)]))
-    return documents_starting_at(parts, dtype or "uint16")
+    return documents_starting_at(parts, dtype or "uint16", files.tokens)

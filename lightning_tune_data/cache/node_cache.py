@@ -127,16 +127,14 @@ class NodeShardCache:
         budget: bytes of shards this node keeps, for every store read shard by shard.
         retries: how failing reads of a shard are retried.
         description: names the source in messages.
-        fetch: writes a shard's bytes to a local file instead of downloading the store's file
-            (``fetch(entry, target, on_bytes)``; it raises when they are not the recorded
-            bytes): a byte range of a large file, for a tokenized corpus read by ranges.
     """
 
+    #: Writes a shard's verified bytes to a local file (a corpus read by byte ranges sets its own).
+    fetch: Callable[..., None] = staticmethod(fetch_shard)
+
     def __init__(self, files: StoreFiles, folder: Path, shards: list[dict[str, Any]], budget: int,
-                 retries: FetchRetries = FetchRetries(), description: str = "store",
-                 fetch: Callable[[dict[str, Any], Path, Callable[[int], None]], None] | None = None) -> None:
+                 retries: FetchRetries = FetchRetries(), description: str = "store") -> None:
         self.files = files
-        self.fetch = fetch
         self.node_folder = Path(folder)
         self.folder = self.node_folder / f"{files.name}-{commit_identity(shards)[:12]}"
         self.shards = shards
@@ -168,10 +166,8 @@ class NodeShardCache:
         self._start_here()
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {key: value for key, value in self.__dict__.items()
-                 if key not in ("_held", "_finalizer", "_guard", "on_room_needed")}
-        state.update(_distance_from=None, _position=None)
-        return state
+        skipped = ("_held", "_finalizer", "_guard", "on_room_needed")
+        return {**{k: v for k, v in self.__dict__.items() if k not in skipped}, "_distance_from": None, "_position": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -352,11 +348,8 @@ class NodeShardCache:
                 return False
             partial, owner = reserved
             try:
-                if self.fetch is not None:
-                    self.fetch(self.shards[shard], partial, self._count)
-                else:
-                    fetch_shard(self.files, self.shards[shard]["path"], self.shards[shard], partial, self.retries,
-                                self._count)
+                self.fetch(self.files, self.shards[shard]["path"], self.shards[shard], partial, self.retries,
+                           self._count)
                 os.replace(partial, target)
             except BaseException:
                 partial.unlink(missing_ok=True)

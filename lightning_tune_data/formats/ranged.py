@@ -123,8 +123,10 @@ class RangeFetcher:
                                   "it changed while the run read it. Restore it, or start the data again.")
         return data
 
-    def __call__(self, entry: dict[str, Any], target: Path, on_bytes: Any) -> None:
-        """Write range ``entry``'s bytes to ``target`` (the node cache renames it into place)."""
+    def __call__(self, store: Any, relative: str, entry: dict[str, Any], target: Path, retries: FetchRetries,
+                 on_bytes: Any) -> None:
+        """Write range ``entry``'s bytes to ``target`` (the node cache renames it into place); the
+        node cache's arguments ``store``, ``relative`` and ``retries`` are not needed."""
         parts: list[bytes] = []
         if "memory" in entry:
             parts.append(self.memory[entry["memory"]][entry["first"] : entry["end"]].tobytes())
@@ -174,8 +176,8 @@ class RangedCorpus(CachedStore):
         protocol, rest = files.path.split("://", 1)
         bucket = f"{protocol}://{rest.split('/', 1)[0]}"  # the root is named only (the fetcher reads the files)
         store_files = StoreFiles(StoreRoot(bucket, files.storage_options, files.local_dir), name)
-        self.cache = NodeShardCache(store_files, Path(folder), self.shards, self.budget, description=self.description,
-                                    fetch=RangeFetcher(files, memory))
+        self.cache = NodeShardCache(store_files, Path(folder), self.shards, self.budget, description=self.description)
+        self.cache.fetch = RangeFetcher(files, memory)
         self._start_here()
 
     @staticmethod

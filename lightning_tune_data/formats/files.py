@@ -85,6 +85,7 @@ class CorpusFiles:
         self.remote = _is_url(self.path)
         self.budget_share = budget_share
         self._listing: dict[str, dict[str, Any]] | None = None
+        self._bytes: int | None = None  # of every listed file
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -143,7 +144,9 @@ class CorpusFiles:
         files are larger than its share of ``cache_budget`` (no file of it is copied whole)."""
         if not self.remote or self.budget_share is None:
             return False
-        return sum(info["size"] for info in self.listing().values()) > self.budget_share
+        if self._bytes is None:
+            self._bytes = sum(info["size"] for info in self.listing().values())
+        return self._bytes > self.budget_share
 
     def fs_path(self, name: str) -> str:
         """``name`` (a listed file, or the URL of one) as its filesystem names it."""

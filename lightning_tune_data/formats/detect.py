@@ -57,10 +57,11 @@ def format_files(files: CorpusFiles) -> dict[str, list[str]]:
     if any(_base(name) == STORE_MARKER for name in listing):
         return {"lightning_tune_data": listing}
     indexes = {}
+    fetched = files.read_many([name for name in listing if _base(name) == "index.json"])  # once per node
     for name in listing:
         if _base(name) == "index.json":
             try:
-                content = json.loads(files.read_bytes(name))
+                content = json.loads(fetched[name])
             except ValueError:
                 content = None
             indexes[name] = "mds" if is_mds_index(content) else "litdata" if is_litdata_index(content) else "unknown"

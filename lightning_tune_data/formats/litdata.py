@@ -77,7 +77,7 @@ def open_litdata(files: CorpusFiles, names: list[str], options: FormatOptions) -
     """
     listing, result = files.listing(), []
     for index in [name for name in names if name.rsplit("/", 1)[-1] == "index.json"]:
-        content = json.loads(files.read_bytes(index))
+        content = json.loads(files.read_many([index])[index])  # fetched once per node
         if not is_litdata_index(content):
             continue
         where, config = files.url(index), content.get("config") or {}

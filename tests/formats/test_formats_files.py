@@ -46,3 +46,21 @@ def test_a_corpus_on_s3_is_listed_with_etags_copied_once_and_read_as_written(tmp
     gets = s3.requests.gets("corpus/a.bin"), s3.requests.gets("corpus/a.idx")
     manager.setup(None, tmp_path / "node")
     assert (s3.requests.gets("corpus/a.bin"), s3.requests.gets("corpus/a.idx")) == gets  # both copies are reused
+
+
+def test_index_and_metadata_files_on_s3_are_fetched_once_per_node(tmp_path: Path, s3) -> None:
+    from tokenized_writers import write_datatrove, write_litdata
+
+    write_datatrove(tmp_path / "dt", "000.ds", documents(30, seed=19))
+    write_litdata(tmp_path / "lt", documents(30, seed=20), tokens_loader=True)
+    for folder in ("dt", "lt"):
+        for path in sorted((tmp_path / folder).iterdir()):
+            s3.put(f"{folder}/{path.name}", path.read_bytes())
+    small = ("dt/000.ds.index", "dt/000.ds.metadata", "lt/index.json")
+    for folder in ("dt", "lt"):
+        TokenizedDatasetManager(f"{s3.url}/{folder}/", storage_options=s3.storage_options).setup(None, tmp_path / "node")
+    fetched = [s3.requests.gets(name) for name in small]
+    assert fetched == [1, 1, 1]  # detecting the format and reading it share the copy
+    for folder in ("dt", "lt"):
+        TokenizedDatasetManager(f"{s3.url}/{folder}/", storage_options=s3.storage_options).setup(None, tmp_path / "node")
+    assert [s3.requests.gets(name) for name in small] == fetched

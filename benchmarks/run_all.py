@@ -59,7 +59,7 @@ BENCHMARKS = ["throughput", "resume", "memory", "prepare", "packing", "step"]
 # their inputs (token data / text data) prepared like the others'.
 EXTRA_BENCHMARKS = {"hotpath": "bench_hotpath", "tokenize": "bench_tokenize", "worker_memory": "bench_worker_memory",
                     "store": "bench_store", "node_cache": "bench_node_cache", "schedule": "bench_schedule",
-                    "main_process": "bench_main_process"}
+                    "main_process": "bench_main_process", "formats": "bench_formats"}
 BENCHMARKS += list(EXTRA_BENCHMARKS)
 TOKEN_DATA_BENCHMARKS = {"throughput", "resume", "memory", "step", "hotpath", "worker_memory", "schedule", "main_process"}
 TEXT_DATA_BENCHMARKS = {"prepare", "tokenize"}

@@ -120,10 +120,8 @@ class CorpusFiles:
             base = self.path.split("://", 1)[1]
             if any(char in base for char in _GLOB_CHARACTERS):
                 details = fs.glob(base, detail=True)
-            elif fs.isdir(base):
-                details = fs.find(base, detail=True)
-            else:
-                details = {base: fs.info(base)} if fs.exists(base) else {}
+            else:  # one listing of the prefix (asking whether it is a folder first would list it twice)
+                details = fs.find(base, detail=True) or ({base: fs.info(base)} if fs.exists(base) else {})
             for name, info in details.items():
                 if info.get("type", "file") == "file":
                     stamp = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified")
@@ -186,16 +184,19 @@ class CorpusFiles:
         found = self._fs().cat(missing, on_error="raise") if missing else {}
         for name in missing:
             self._keep(copies[name], found[name])
-        return {name: found[name] if name in found else copies[name].read_bytes() for name in names}
+        return {name: found[name] if name in found else _read(copies[name]) for name in names}
 
     def _copy_path(self, name: str) -> Path:
         """Where this node keeps its copy of remote file ``name`` (named by its URL and identity)."""
         info = self.listing()[name]
         key = hashlib.sha256(f"{self.url(name)}\0{info['size']}\0{info['stamp']}".encode()).hexdigest()[:20]
-        return self.local_dir / LOCAL_COPIES_FOLDER / key / Path(name).name
+        return Path(os.path.join(self.local_dir, LOCAL_COPIES_FOLDER, key, name.rsplit("/", 1)[-1]))
 
     def _is_copied(self, name: str, target: Path) -> bool:
-        return target.is_file() and target.stat().st_size == self.listing()[name]["size"]
+        try:
+            return os.stat(target).st_size == self.listing()[name]["size"]
+        except FileNotFoundError:
+            return False
 
     def _keep(self, target: Path, data: bytes) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -226,6 +227,11 @@ class CorpusFiles:
             )
         os.replace(partial, target)
         return str(target)
+
+
+def _read(path: Path) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
 
 
 class RemoteTokens:

@@ -24,12 +24,18 @@ import numpy as np
 
 from lightning_tune_data.managers.errors import DataSourceError
 
-__all__ = ["CorpusFiles", "LOCAL_COPIES_FOLDER", "RemoteTokens"]
+__all__ = ["CorpusFiles", "LOCAL_COPIES_FOLDER", "RemoteTokens", "stamp_of"]
 
 #: Folder of this node's copies of remote corpus files, under the local cache folder.
 LOCAL_COPIES_FOLDER = "tokenized"
 
 _GLOB_CHARACTERS = "*?["
+
+
+def stamp_of(info: dict[str, Any]) -> str:
+    """A remote file's identity from its filesystem ``info``: its ETag, else its modification time."""
+    stamp = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified")
+    return str(stamp).strip('"')
 
 
 def _is_url(path: str) -> bool:
@@ -124,8 +130,7 @@ class CorpusFiles:
                 details = fs.find(base, detail=True) or ({base: fs.info(base)} if fs.exists(base) else {})
             for name, info in details.items():
                 if info.get("type", "file") == "file":
-                    stamp = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified")
-                    found[name] = {"size": int(info["size"]), "stamp": str(stamp).strip('"')}
+                    found[name] = {"size": int(info["size"]), "stamp": stamp_of(info)}
         else:
             found = _local_listing(self.path)
         if not found:

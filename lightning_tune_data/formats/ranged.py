@@ -38,7 +38,7 @@ from lightning_tune_data.cache.root import CacheBudgetError, StoreRoot
 from lightning_tune_data.cache.shard_fetch import FetchRetries
 from lightning_tune_data.cache.store_files import StoreFiles
 from lightning_tune_data.formats.corpus import TokenCorpus
-from lightning_tune_data.formats.files import CorpusFiles
+from lightning_tune_data.formats.files import CorpusFiles, stamp_of
 from lightning_tune_data.keys import INPUT_IDS, LOSS_MASK
 from lightning_tune_data.managers.errors import DataSourceError
 
@@ -85,8 +85,7 @@ class RangeFetcher:
         try:
             fs.invalidate_cache(path)
             info = fs.info(path)
-            now = (int(info["size"]), str(info.get("ETag") or info.get("etag") or info.get("mtime")
-                                          or info.get("LastModified")).strip('"'))
+            now = (int(info["size"]), stamp_of(info))
         except FileNotFoundError:
             now = None
         if now != (size, stamp):

@@ -140,3 +140,14 @@ def test_a_budget_too_small_for_two_ranges_says_how_much_is_needed(tmp_path: Pat
     manager = TokenizedDatasetManager(f"{s3.url}/corpus/", storage_options=s3.storage_options)
     with pytest.raises(ValueError, match="Raise cache_budget to at least"):
         manager.setup(None, root(tmp_path, RANGE))
+
+
+def test_ids_beyond_the_vocabulary_are_named_when_their_range_is_read(tmp_path: Path, s3, monkeypatch) -> None:
+    monkeypatch.setattr(ranged, "RANGE_BYTES", RANGE)
+    megatron_corpus(tmp_path, s3)
+    manager = TokenizedDatasetManager(f"{s3.url}/corpus/", vocab_size=500, storage_options=s3.storage_options)
+    corpus = manager.setup(None, root(tmp_path, 5 * RANGE))
+    assert isinstance(corpus, RangedCorpus)
+    with pytest.raises(ValueError, match=r"corpus/part-0\.bin holds id \d+ at token \d+, beyond the tokenizer's "
+                                         r"vocabulary of 500"):
+        corpus.open_shard(0)

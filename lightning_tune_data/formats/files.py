@@ -191,6 +191,32 @@ class CorpusFiles:
             self._keep(copies[name], found[name])
         return {name: found[name] if name in found else _read(copies[name]) for name in names}
 
+    def read_heads(self, lengths: dict[str, int]) -> dict[str, bytes]:
+        """The first ``lengths[name]`` bytes of each file (headers). Remote ones are read once per
+        node, concurrently (one ranged request each), and kept beside the copies of index files.
+
+        Args:
+            lengths: bytes wanted per file.
+        """
+        if not self.remote or not lengths:
+            return {name: self.read_bytes(name, 0, length) for name, length in lengths.items()}
+        kept = {name: self._copy_path(name).with_name(f"{name.rsplit('/', 1)[-1]}.head-{length}")
+                for name, length in lengths.items()}
+        found: dict[str, bytes] = {}
+        for name, path in kept.items():
+            try:
+                found[name] = _read(path)
+            except FileNotFoundError:
+                pass
+        missing = [name for name in lengths if name not in found]
+        if missing:
+            ends = [min(lengths[name], self.listing()[name]["size"]) for name in missing]
+            heads = self._fs().cat_ranges(missing, [0] * len(missing), ends, on_error="raise")
+            for name, head in zip(missing, heads):
+                self._keep(kept[name], head)
+                found[name] = head
+        return found
+
     def _copy_path(self, name: str) -> Path:
         """Where this node keeps its copy of remote file ``name`` (named by its URL and identity)."""
         info = self.listing()[name]

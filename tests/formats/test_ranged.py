@@ -151,3 +151,21 @@ def test_ids_beyond_the_vocabulary_are_named_when_their_range_is_read(tmp_path: 
     with pytest.raises(ValueError, match=r"corpus/part-0\.bin holds id \d+ at token \d+, beyond the tokenizer's "
                                          r"vocabulary of 500"):
         corpus.open_shard(0)
+
+
+def test_two_ranks_states_merge_into_one_reader_that_reads_what_they_left(tmp_path: Path, s3, monkeypatch) -> None:
+    import itertools
+
+    monkeypatch.setattr(ranged, "RANGE_BYTES", RANGE)
+    docs = megatron_corpus(tmp_path, s3)
+    manager = TokenizedDatasetManager(f"{s3.url}/corpus/", storage_options=s3.storage_options)
+    corpus = manager.setup(None, root(tmp_path, 5 * RANGE))
+    states, seen = [], []
+    for rank in range(2):
+        source = CorpusSource(corpus, "web", seed=2, rank=rank, world_size=2, num_passes=1)
+        seen += [sample["input_ids"].tolist() for sample in itertools.islice(iter(source), 30)]
+        states.append(source.state_dict())
+    merged = CorpusSource(corpus, "web", seed=2, num_passes=1)  # an elastic resume on one rank
+    merged.load_global_state(merged.merge_shard_states(states))
+    seen += [sample["input_ids"].tolist() for sample in merged]
+    assert sorted(seen) == sorted(doc.tolist() for doc in docs)  # every document once

@@ -36,6 +36,7 @@ from lightning_tune_data.cache.local_disk import check_shard_cache_disk
 from lightning_tune_data.cache.node_cache import NODE_CACHE_FOLDER, NodeShardCache
 from lightning_tune_data.cache.root import CacheBudgetError, StoreRoot
 from lightning_tune_data.cache.shard_fetch import FetchRetries
+from lightning_tune_data.cache.sizes import human_size
 from lightning_tune_data.cache.store_files import StoreFiles
 from lightning_tune_data.formats.corpus import TokenCorpus
 from lightning_tune_data.formats.files import CorpusFiles, stamp_of
@@ -169,6 +170,13 @@ class RangedCorpus(CachedStore):
         self.shard_rows = np.array([entry["rows"] for entry in self.shards], dtype=np.int64)
         self.shard_starts = np.concatenate([[0], np.cumsum(self.shard_rows)]).astype(np.int64)
         self.budget, self.share = int(budget), int(share)
+        largest = max(max(1, entry["size"]) for entry in self.shards)
+        if 2 * largest > self.share:
+            raise ValueError(
+                f"{self.description}: cache_budget {human_size(self.budget)} ({human_size(self.share)} for this source) "
+                f"cannot hold two byte ranges of its files (the range being read and the next, fetched ahead: up to "
+                f"{human_size(largest)} each). Raise cache_budget to at least "
+                f"{human_size(2 * largest * max(1, sharers))}.")
         self.window = shuffle_window_for([max(1, entry["size"]) for entry in self.shards], self.share, window,
                                          self.description, sharers)
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", files.path.rstrip("/").rsplit("/", 1)[-1]).strip("-.") or "corpus"

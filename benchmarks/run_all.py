@@ -59,8 +59,11 @@ BENCHMARKS = ["throughput", "resume", "memory", "prepare", "packing", "step"]
 # their inputs (token data / text data) prepared like the others'.
 EXTRA_BENCHMARKS = {"hotpath": "bench_hotpath", "tokenize": "bench_tokenize", "worker_memory": "bench_worker_memory",
                     "store": "bench_store", "node_cache": "bench_node_cache", "schedule": "bench_schedule",
-                    "main_process": "bench_main_process", "model_ready": "bench_model_ready"}
+                    "main_process": "bench_main_process", "model_ready": "bench_model_ready",
+                    "formats": "bench_formats"}
 BENCHMARKS += list(EXTRA_BENCHMARKS)
+#: Run only when named in ``--only`` (several minutes on their own, outside the full suite's ~10 min).
+ON_REQUEST = {"formats"}
 TOKEN_DATA_BENCHMARKS = {"throughput", "resume", "memory", "step", "hotpath", "worker_memory", "schedule", "main_process",
                          "model_ready"}
 TEXT_DATA_BENCHMARKS = {"prepare", "tokenize"}
@@ -180,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
-    parser.add_argument("--only", default=",".join(BENCHMARKS), help=f"comma-separated subset of {BENCHMARKS}")
+    parser.add_argument("--only", default=",".join(b for b in BENCHMARKS if b not in ON_REQUEST),
+                        help=f"comma-separated subset of {BENCHMARKS} (default: all but {sorted(ON_REQUEST)})")
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR,
                         help="scratch directory for generated data and caches (default benchmarks/.data)")
     parser.add_argument("--out", type=Path, default=None,

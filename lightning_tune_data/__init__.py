@@ -15,7 +15,7 @@ from lightning_tune_data.managers import (
     TokenizedDatasetManager,
     UnconditionalGenerationDatasetManager,
 )
-from lightning_tune_data.formats import TokenCorpus
+from lightning_tune_data.formats import RangedCorpus, TokenCorpus
 from lightning_tune_data.metrics import DatasetMetricsCallback, MetricCollector, StandardMetricCollector
 from lightning_tune_data.models.source_loss import SourceLossSplit, split_loss_by_source
 from lightning_tune_data.models.prediction_writer import PredictionWriter
@@ -56,6 +56,7 @@ __all__ = [
     "PredictionWriter",
     "StandardMetricCollector",
     "TextDataModule",
+    "RangedCorpus",
     "TokenCorpus",
     "TokenizedDatasetManager",
     "TokenizerFileTokenizer",

@@ -129,6 +129,9 @@ class NodeShardCache:
         description: names the source in messages.
     """
 
+    #: Writes a shard's verified bytes to a local file (a corpus read by byte ranges sets its own).
+    fetch: Callable[..., None] = staticmethod(fetch_shard)
+
     def __init__(self, files: StoreFiles, folder: Path, shards: list[dict[str, Any]], budget: int,
                  retries: FetchRetries = FetchRetries(), description: str = "store") -> None:
         self.files = files
@@ -163,10 +166,8 @@ class NodeShardCache:
         self._start_here()
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {key: value for key, value in self.__dict__.items()
-                 if key not in ("_held", "_finalizer", "_guard", "on_room_needed")}
-        state.update(_distance_from=None, _position=None)
-        return state
+        skipped = ("_held", "_finalizer", "_guard", "on_room_needed")
+        return {**{k: v for k, v in self.__dict__.items() if k not in skipped}, "_distance_from": None, "_position": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -347,8 +348,8 @@ class NodeShardCache:
                 return False
             partial, owner = reserved
             try:
-                fetch_shard(self.files, self.shards[shard]["path"], self.shards[shard], partial, self.retries,
-                            self._count)
+                self.fetch(self.files, self.shards[shard]["path"], self.shards[shard], partial, self.retries,
+                           self._count)
                 os.replace(partial, target)
             except BaseException:
                 partial.unlink(missing_ok=True)

@@ -44,13 +44,16 @@ from lightning_tune_data.datamodule.train_stream import TrainStreamConfig, norma
 from lightning_tune_data.datamodule.validation import validated_managers
 from lightning_tune_data.distributed import current_rank_and_world_size
 from lightning_tune_data.keys import MixBy, OverlongPolicy, StoppingStrategy
-from lightning_tune_data.loading.checkpoint import TrainResume, data_signature, data_state, warn_no_data_state
+from lightning_tune_data.loading.checkpoint import (
+    CORPUS_FILES_KEY, TrainResume, data_signature, data_state, warn_no_data_state,
+)
 from lightning_tune_data.loading.loaders import LoaderOptions, MapStyleDocuments, build_train_loader
 from lightning_tune_data.loading.resumable_loader import ResumableLoader
 from lightning_tune_data.managers import DatasetManager
 from lightning_tune_data.mixing.mix_schedule import MixSchedule
 from lightning_tune_data.packing import PackingName
 from lightning_tune_data.sources.base import TuneIterableDataset
+from lightning_tune_data.sources.corpus_source import files_record
 from lightning_tune_data.tokenizers import ByteTokenizer, Tokenizer
 
 __all__ = ["TextDataModule", "default_cache_dir"]
@@ -62,7 +65,9 @@ def _data_signature_of(dm: "TextDataModule") -> dict[str, Any]:
         sources=list(dm.dataset_managers.get("train") or {}), weights=dm.mixture.fixed(dm.train_source_weights),
         mix_by=dm.mix_by, seed=dm.seed, max_seq_len=dm.max_seq_len, batch_size=dm.batch_size,
         num_workers=dm.num_workers, world_size=world_size, packing=dm.packing, stopping_strategy=dm.stopping_strategy,
-        train_mode=dm.train_mode), "mix_schedule": dm.mixture.describe()}
+        train_mode=dm.train_mode), "mix_schedule": dm.mixture.describe(),
+        CORPUS_FILES_KEY: {name: files_record(data) for name, data in dm._datasets["train"].items()
+                           if hasattr(data, "identity")}}
 
 
 def default_cache_dir() -> Path:

@@ -22,6 +22,7 @@ from lightning_tune_data.sources.arrow import ArrowSource
 from lightning_tune_data.sources.base import TuneIterableDataset
 from lightning_tune_data.sources.corpus_source import CorpusSource
 from lightning_tune_data.formats.corpus import TokenCorpus
+from lightning_tune_data.formats.ranged import RangedCorpus
 from lightning_tune_data.sources.lengths import overlong_warnings
 
 __all__ = [
@@ -159,6 +160,6 @@ class TrainStreamConfig:
                 f"{settings.world_size} x num_workers={self.num_workers}): some workers would get no data. Lower "
                 "num_workers or add data."
             )
-        kind = CorpusSource if isinstance(data, TokenCorpus) else ArrowSource
+        kind = CorpusSource if isinstance(data, (TokenCorpus, RangedCorpus)) else ArrowSource
         return kind(data, dataset_name=name, shuffle=manager.shuffle, max_error_count=manager.max_error_count,
                     settings=settings, **manager.stream_transforms())

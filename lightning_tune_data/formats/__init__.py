@@ -12,10 +12,13 @@
   delimiter scan the formats without an index share (:mod:`~lightning_tune_data.formats.delimited`)
   and what is kept of it (:mod:`~lightning_tune_data.formats.kept`);
 * :mod:`~lightning_tune_data.formats.reading`: :func:`open_corpus`, any format;
+* :mod:`~lightning_tune_data.formats.ranged`: :class:`RangedCorpus`, a remote corpus larger than its
+  share of ``cache_budget``, read by byte ranges through the node's shard cache;
 * :mod:`~lightning_tune_data.formats.store`: one of our committed stores by folder or URL.
 """
 
 from lightning_tune_data.formats.corpus import CorpusFile, TokenCorpus
 from lightning_tune_data.formats.options import FormatOptions
+from lightning_tune_data.formats.ranged import RangedCorpus
 
-__all__ = ["CorpusFile", "FormatOptions", "TokenCorpus"]
+__all__ = ["CorpusFile", "FormatOptions", "RangedCorpus", "TokenCorpus"]

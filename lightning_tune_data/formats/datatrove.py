@@ -20,13 +20,13 @@ __all__ = ["open_datatrove"]
 _SIZES = {"2": "uint16", "4": "uint32"}
 
 
-def _token_dtype(files: CorpusFiles, name: str, options: FormatOptions) -> str:
+def _token_dtype(files: CorpusFiles, name: str, options: FormatOptions, fetched: dict[str, bytes]) -> str:
     metadata = name + ".metadata"
-    if metadata not in files.listing():
+    if metadata not in fetched:
         if options.dtype is None:
             return "uint16"  # datatrove's default token size
         return options.dtype
-    first = files.read_bytes(metadata).decode("utf-8", "replace").splitlines()[0]
+    first = (fetched[metadata].decode("utf-8", "replace").splitlines() or [""])[0]
     size = first.rsplit("|", 1)[-1].strip()
     dtype = _SIZES.get(size)
     if dtype is None:
@@ -52,13 +52,14 @@ def open_datatrove(files: CorpusFiles, names: list[str], options: FormatOptions)
         missing = [files.url(name) for name in tokens if name + ".loss" not in listing]
         raise ValueError(f"{options.description}: some .ds files have a .ds.loss mask and {missing[:3]} have none; "
                          "give every file its mask or remove them all.")
-    indexes = files.read_many([name + ".index" for name in tokens if name + ".index" in listing])
+    small = [name + suffix for name in tokens for suffix in (".index", ".metadata") if name + suffix in listing]
+    indexes = files.read_many(small)  # fetched once per node, together
     for name in tokens:
         index = name + ".index"
         if index not in listing:
             raise ValueError(f"{options.description}: {files.url(name)} has no .ds.index beside it; copy it (datatrove "
                              "writes it with save_index=True).")
-        dtype = _token_dtype(files, name, options)
+        dtype = _token_dtype(files, name, options, indexes)
         ends = np.frombuffer(indexes[index], dtype="<u8").astype(np.int64)
         offsets = np.concatenate([[0], ends]).astype(np.int64)
         width = np.dtype(dtype).itemsize

@@ -30,7 +30,7 @@ def _base(name: str) -> str:
     return name.rsplit("/", 1)[-1]
 
 
-def _kind(name: str, files: CorpusFiles, has_idx: bool, indexes: dict[str, str]) -> str | None:
+def _kind(name: str, heads: dict[str, bytes], has_idx: bool, indexes: dict[str, str]) -> str | None:
     base, folder = _base(name), name.rsplit("/", 1)[0]
     if base == "index.json":
         return indexes.get(name, "unknown")
@@ -47,7 +47,7 @@ def _kind(name: str, files: CorpusFiles, has_idx: bool, indexes: dict[str, str])
             return "litdata"
         if has_idx:
             return "megatron"
-        return "llmc" if llmc_header(files.read_bytes(name, 0, 12)) is not None else "nanogpt"
+        return "llmc" if llmc_header(heads[name]) is not None else "nanogpt"
     return None
 
 
@@ -57,17 +57,21 @@ def format_files(files: CorpusFiles) -> dict[str, list[str]]:
     if any(_base(name) == STORE_MARKER for name in listing):
         return {"lightning_tune_data": listing}
     indexes = {}
+    fetched = files.read_many([name for name in listing if _base(name) == "index.json"])  # once per node
     for name in listing:
         if _base(name) == "index.json":
             try:
-                content = json.loads(files.read_bytes(name))
+                content = json.loads(fetched[name])
             except ValueError:
                 content = None
             indexes[name] = "mds" if is_mds_index(content) else "litdata" if is_litdata_index(content) else "unknown"
     has_idx = any(name.endswith(".idx") for name in listing)
+    raw = [] if has_idx else [name for name in listing if name.endswith(".bin") and not (
+        _base(name).startswith("chunk-") and indexes.get(name.rsplit("/", 1)[0] + "/index.json") == "litdata")]
+    heads = files.read_heads({name: 12 for name in raw})  # llm.c's magic number, or raw ids (once per node)
     found: dict[str, list[str]] = {}
     for name in listing:
-        found.setdefault(_kind(name, files, has_idx, indexes) or "unknown", []).append(name)
+        found.setdefault(_kind(name, heads, has_idx, indexes) or "unknown", []).append(name)
     return found
 
 

@@ -43,10 +43,11 @@ def open_dolma(files: CorpusFiles, names: list[str], options: FormatOptions) -> 
     width = np.dtype(dtype).itemsize
     listing = files.listing()
     result = []
+    heads = files.read_heads({name: 6 for name in names if name.endswith(".npy")})  # once per node
     for name in names:
         if not name.endswith(".npy"):
             continue
-        if files.read_bytes(name, 0, 6) == NUMPY_MAGIC:
+        if heads[name] == NUMPY_MAGIC:
             raise ValueError(f"{options.description}: {files.url(name)} is a NumPy file with a header, not a Dolma "
                              "token file; Dolma files are raw ids.")
         size = listing[name]["size"]

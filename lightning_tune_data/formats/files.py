@@ -6,7 +6,10 @@ time), reads small files and byte ranges (headers, index files), and gives a loc
 file to memory-map. A local file is used in place. A remote file is copied whole, once per node,
 into ``<local_cache_dir>/tokenized/``, named by its URL and identity (a changed remote file is
 fetched again under a new name, never mixed with an old copy), written to a temporary name and
-renamed, so a killed copy is never used.
+renamed, so a killed copy is never used. A remote corpus larger than its share of the node's
+``cache_budget`` is not copied at all (:attr:`CorpusFiles.ranged`): its token files are read by
+byte ranges through the node's shard cache (:mod:`lightning_tune_data.formats.ranged`), and what
+opening needs of them (headers, a delimiter scan) is read with ranged requests.
 """
 
 from __future__ import annotations
@@ -17,14 +20,22 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lightning_tune_data.managers.errors import DataSourceError
 
-__all__ = ["CorpusFiles", "LOCAL_COPIES_FOLDER"]
+__all__ = ["CorpusFiles", "LOCAL_COPIES_FOLDER", "RemoteTokens", "stamp_of"]
 
 #: Folder of this node's copies of remote corpus files, under the local cache folder.
 LOCAL_COPIES_FOLDER = "tokenized"
 
 _GLOB_CHARACTERS = "*?["
+
+
+def stamp_of(info: dict[str, Any]) -> str:
+    """A remote file's identity from its filesystem ``info``: its ETag, else its modification time."""
+    stamp = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified")
+    return str(stamp).strip('"')
 
 
 def _is_url(path: str) -> bool:
@@ -66,16 +77,21 @@ class CorpusFiles:
         storage_options: options of the URL's filesystem (endpoint, credentials).
         local_dir: this node's folder for copies of remote files.
         description: names the source in errors.
+        budget_share: this source's share of the node's ``cache_budget`` (``None``: no budget); a
+            remote corpus larger than it is read by byte ranges instead of copied whole.
     """
 
-    def __init__(self, path: str, storage_options: dict[str, Any] | None, local_dir: Path, description: str) -> None:
+    def __init__(self, path: str, storage_options: dict[str, Any] | None, local_dir: Path, description: str,
+                 budget_share: int | None = None) -> None:
         path = os.fspath(path)
         self.path = path[len("file://"):] if path.startswith("file://") else path
         self.storage_options = dict(storage_options or {})
         self.local_dir = Path(local_dir)
         self.description = description
         self.remote = _is_url(self.path)
+        self.budget_share = budget_share
         self._listing: dict[str, dict[str, Any]] | None = None
+        self._bytes: int | None = None  # of every listed file
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -110,14 +126,11 @@ class CorpusFiles:
             base = self.path.split("://", 1)[1]
             if any(char in base for char in _GLOB_CHARACTERS):
                 details = fs.glob(base, detail=True)
-            elif fs.isdir(base):
-                details = fs.find(base, detail=True)
-            else:
-                details = {base: fs.info(base)} if fs.exists(base) else {}
+            else:  # one listing of the prefix (asking whether it is a folder first would list it twice)
+                details = fs.find(base, detail=True) or ({base: fs.info(base)} if fs.exists(base) else {})
             for name, info in details.items():
                 if info.get("type", "file") == "file":
-                    stamp = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified")
-                    found[name] = {"size": int(info["size"]), "stamp": str(stamp).strip('"')}
+                    found[name] = {"size": int(info["size"]), "stamp": stamp_of(info)}
         else:
             found = _local_listing(self.path)
         if not found:
@@ -127,6 +140,29 @@ class CorpusFiles:
             )
         self._listing = dict(sorted(found.items()))
         return self._listing
+
+    @property
+    def ranged(self) -> bool:
+        """Whether the corpus is read by byte ranges under the node's budget: a remote corpus whose
+        files are larger than its share of ``cache_budget`` (no file of it is copied whole)."""
+        if not self.remote or self.budget_share is None:
+            return False
+        if self._bytes is None:
+            self._bytes = sum(info["size"] for info in self.listing().values())
+        return self._bytes > self.budget_share
+
+    def fs_path(self, name: str) -> str:
+        """``name`` (a listed file, or the URL of one) as its filesystem names it."""
+        return name.split("://", 1)[1] if "://" in name else name
+
+    def tokens(self, path: str, dtype: str, start: int, count: int) -> Any:
+        """The ``count`` ids of ``dtype`` from byte ``start`` of ``path`` (what :meth:`local` gave):
+        memory-mapped, or for a corpus read by ranges an array-like read with ranged requests."""
+        if count == 0:
+            return np.zeros(0, dtype)
+        if "://" in path:
+            return RemoteTokens(self, path, dtype, start, count)
+        return np.memmap(path, dtype=dtype, mode="r", offset=start, shape=(count,))
 
     def identity(self, name: str) -> dict[str, Any]:
         """``{"url", "size", "stamp"}`` of a listed file, as listed."""
@@ -153,16 +189,45 @@ class CorpusFiles:
         found = self._fs().cat(missing, on_error="raise") if missing else {}
         for name in missing:
             self._keep(copies[name], found[name])
-        return {name: found[name] if name in found else copies[name].read_bytes() for name in names}
+        return {name: found[name] if name in found else _read(copies[name]) for name in names}
+
+    def read_heads(self, lengths: dict[str, int]) -> dict[str, bytes]:
+        """The first ``lengths[name]`` bytes of each file (headers). Remote ones are read once per
+        node, concurrently (one ranged request each), and kept beside the copies of index files.
+
+        Args:
+            lengths: bytes wanted per file.
+        """
+        if not self.remote or not lengths:
+            return {name: self.read_bytes(name, 0, length) for name, length in lengths.items()}
+        kept = {name: self._copy_path(name).with_name(f"{name.rsplit('/', 1)[-1]}.head-{length}")
+                for name, length in lengths.items()}
+        found: dict[str, bytes] = {}
+        for name, path in kept.items():
+            try:
+                found[name] = _read(path)
+            except FileNotFoundError:
+                pass
+        missing = [name for name in lengths if name not in found]
+        if missing:
+            ends = [min(lengths[name], self.listing()[name]["size"]) for name in missing]
+            heads = self._fs().cat_ranges(missing, [0] * len(missing), ends, on_error="raise")
+            for name, head in zip(missing, heads):
+                self._keep(kept[name], head)
+                found[name] = head
+        return found
 
     def _copy_path(self, name: str) -> Path:
         """Where this node keeps its copy of remote file ``name`` (named by its URL and identity)."""
         info = self.listing()[name]
         key = hashlib.sha256(f"{self.url(name)}\0{info['size']}\0{info['stamp']}".encode()).hexdigest()[:20]
-        return self.local_dir / LOCAL_COPIES_FOLDER / key / Path(name).name
+        return Path(os.path.join(self.local_dir, LOCAL_COPIES_FOLDER, key, name.rsplit("/", 1)[-1]))
 
     def _is_copied(self, name: str, target: Path) -> bool:
-        return target.is_file() and target.stat().st_size == self.listing()[name]["size"]
+        try:
+            return os.stat(target).st_size == self.listing()[name]["size"]
+        except FileNotFoundError:
+            return False
 
     def _keep(self, target: Path, data: bytes) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -172,9 +237,12 @@ class CorpusFiles:
 
     def local(self, name: str) -> str:
         """A local path of the file's bytes to memory-map: the file itself, or this node's copy
-        of a remote file (copied whole on first use, checked by size after)."""
+        of a remote file (copied whole on first use, checked by size after); for a corpus read
+        by ranges (:attr:`ranged`), the file's URL (nothing is copied)."""
         if not self.remote:
             return name
+        if self.ranged:
+            return self.url(name)
         info = self.listing()[name]
         target = self._copy_path(name)
         if self._is_copied(name, target):
@@ -190,3 +258,42 @@ class CorpusFiles:
             )
         os.replace(partial, target)
         return str(target)
+
+
+def _read(path: Path) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+class RemoteTokens:
+    """Token ids of a remote file, read with ranged requests when sliced (nothing is kept).
+
+    It stands where a memory map of a local file stands while a corpus is opened (a delimiter
+    scan reads it block by block once per node).
+
+    Args:
+        files: the corpus's files.
+        url: the file's URL.
+        dtype: the ids' dtype.
+        start: byte offset of the first id.
+        count: ids.
+    """
+
+    def __init__(self, files: CorpusFiles, url: str, dtype: str, start: int, count: int) -> None:
+        self.files, self.url, self.dtype = files, url, np.dtype(dtype)
+        self.start, self.count = int(start), int(count)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        first, stop, _ = key.indices(self.count)
+        if stop <= first:
+            return np.zeros(0, self.dtype)
+        width = self.dtype.itemsize
+        data = self.files.read_bytes(self.files.fs_path(self.url), self.start + first * width, (stop - first) * width)
+        return np.frombuffer(data, dtype=self.dtype)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        values = self[0 : self.count]
+        return values if dtype is None else values.astype(dtype)

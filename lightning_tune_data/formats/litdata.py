@@ -77,7 +77,7 @@ def open_litdata(files: CorpusFiles, names: list[str], options: FormatOptions) -
     """
     listing, result = files.listing(), []
     for index in [name for name in names if name.rsplit("/", 1)[-1] == "index.json"]:
-        content = json.loads(files.read_bytes(index))
+        content = json.loads(files.read_many([index])[index])  # fetched once per node
         if not is_litdata_index(content):
             continue
         where, config = files.url(index), content.get("config") or {}
@@ -87,12 +87,15 @@ def open_litdata(files: CorpusFiles, names: list[str], options: FormatOptions) -
         dtype = _leaf_dtype(config, where, options)
         tokens_loader = config.get("item_loader") == "TokensLoader"
         folder = index.rsplit("/", 1)[0]
+        missing = [chunk["filename"] for chunk in content["chunks"] if f"{folder}/{chunk['filename']}" not in listing]
+        if missing:
+            raise ValueError(f"{options.description}: {where} lists {missing[0]}, which is missing; copy it.")
+        heads = files.read_heads({f"{folder}/{chunk['filename']}": 4 * (int(chunk["chunk_size"]) + 2)
+                                  for chunk in content["chunks"]})  # the chunk headers, once per node
         for chunk in content["chunks"]:
             name = f"{folder}/{chunk['filename']}"
-            if name not in listing:
-                raise ValueError(f"{options.description}: {where} lists {chunk['filename']}, which is missing; copy it.")
             count = int(chunk["chunk_size"])
-            header = np.frombuffer(files.read_bytes(name, 0, 4 * (count + 2)), "<u4").astype(np.int64)
+            header = np.frombuffer(heads[name], "<u4").astype(np.int64)
             if len(header) != count + 2 or int(header[0]) != count or header[-1] != listing[name]["size"]:
                 raise ValueError(f"{options.description}: {files.url(name)}'s header does not match {where} (or the "
                                  "chunk is truncated); copy the dataset again.")

@@ -91,7 +91,7 @@ def open_mds(files: CorpusFiles, names: list[str], options: FormatOptions) -> li
     """
     listing, result = files.listing(), []
     for index in [name for name in names if name.rsplit("/", 1)[-1] == "index.json"]:
-        content = json.loads(files.read_bytes(index))
+        content = json.loads(files.read_many([index])[index])  # fetched once per node
         if not is_mds_index(content):
             continue
         folder, where = index.rsplit("/", 1)[0], files.url(index)

@@ -58,10 +58,11 @@ def open_llmc(files: CorpusFiles, names: list[str], options: FormatOptions) -> l
     """
     delimiter = options.need_eos("llmc")
     parts, dtype = [], None
+    heads = files.read_heads({name: 12 for name in names if name.endswith(".bin")})  # once per node
     for name in names:
         if not name.endswith(".bin"):
             continue
-        header = llmc_header(files.read_bytes(name, 0, 12))
+        header = llmc_header(heads[name])
         if header is None:
             raise ValueError(f"{options.description}: {files.url(name)} has no llm.c header (magic 20240520 or "
                              "20240801); use format: nanogpt for raw ids.")
@@ -82,4 +83,4 @@ def open_llmc(files: CorpusFiles, names: list[str], options: FormatOptions) -> l
         path = files.local(name)
         found = delimiter_positions(files, name, path, dtype, LLMC_HEADER_BYTES, count, delimiter, options)
         parts.append((files.url(name), path, LLMC_HEADER_BYTES, count, found, [files.identity(name)]))
-    return documents_starting_at(parts, dtype or "uint16")
+    return documents_starting_at(parts, dtype or "uint16", files.tokens)

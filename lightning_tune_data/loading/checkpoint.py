@@ -14,7 +14,10 @@ holds the state until the train loader exists, then restores it:
 * changed sources, seed, ``max_seq_len``, packing, stopping strategy or train mode cannot be
   resumed: the error names them and the ``resume_data_state: false`` way out;
 * changed weights or ``mix_by``: each source resumes where it was, the mix follows the new
-  values (with a warning).
+  values (with a warning);
+* a tokenized corpus whose files changed since the checkpoint (their size and ETag or
+  modification time, recorded under :data:`CORPUS_FILES_KEY`) cannot be resumed: the error names
+  the files, in the main process, before any dataloader worker starts.
 
 The layout, written by :func:`data_state` and read by :class:`TrainResume` and
 :func:`old_shard_states`::
@@ -36,9 +39,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_tune_data.loading.resumable_loader import DATASET_KEY, LOADER_KEY, ResumableLoader
 from lightning_tune_data.sources.base import ElasticResumeUnsupported
+from lightning_tune_data.sources.corpus_source import changed_files
 
 __all__ = [
     "BATCHES_CONSUMED_KEY",
+    "CORPUS_FILES_KEY",
     "FIXED_SETTINGS",
     "LAYOUT_SETTINGS",
     "LOADER_STATE_KEY",
@@ -73,6 +78,8 @@ FIXED_SETTINGS = ("sources", "seed", "max_seq_len", "packing", "stopping_strateg
 LAYOUT_SETTINGS = ("world_size", "num_workers")
 #: Settings that may change: the mix follows the new values from the resume on.
 MIX_SETTINGS = ("weights", "mix_by", "mix_schedule")
+#: Key of the signature holding each tokenized train corpus's files (``files_record``).
+CORPUS_FILES_KEY = "corpus_files"
 #: Opt-out named by every resume error.
 RESUME_OPT_OUT = (
     "To keep the model, optimizer and step but start the train data from the beginning, set "
@@ -212,6 +219,10 @@ class TrainResume:
                 f"Cannot resume the train data: the data config changed ({_changes(saved, signature, fixed, 'checkpoint ')}), "
                 f"so the saved positions mean something else now. Restore those settings to resume. {RESUME_OPT_OUT}"
             )
+        for source, now in (signature.get(CORPUS_FILES_KEY) or {}).items():
+            problem = changed_files(source, (saved.get(CORPUS_FILES_KEY) or {}).get(source), now)
+            if problem is not None:
+                raise ValueError(problem)
         mix = tuple(key for key in MIX_SETTINGS if saved.get(key) != signature.get(key))
         if mix:
             rank_zero_warn(

@@ -5,7 +5,9 @@ stores (the folder ``lightning-tune-data prepare`` wrote, local or by URL) or at
 another tool's format (Megatron, datatrove, Dolma, nanoGPT, llm.c, LitData, MDS; see
 :mod:`lightning_tune_data.formats`). ``prepare_data`` copies remote files to this node (once) and
 works out what a format without an index needs (its document boundaries, kept); ``setup`` opens
-the corpus from metadata on every rank.
+the corpus from metadata on every rank. A remote train corpus larger than its share of the
+node's ``cache_budget`` is not copied: it is read by byte ranges through the node's shard cache
+(:mod:`lightning_tune_data.formats.ranged`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from lightning_tune_data.cache.checksums import VerifyMode
 from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.formats.files import CorpusFiles
 from lightning_tune_data.formats.options import FormatOptions
+from lightning_tune_data.formats.ranged import ranged_corpus
 from lightning_tune_data.formats.reading import open_corpus
 from lightning_tune_data.formats.store import open_committed_store, store_files_at
 from lightning_tune_data.keys import (
@@ -180,7 +183,8 @@ class TokenizedDatasetManager(DatasetManager):
         return FormatOptions(self.source_description, root.local_dir, self.dtype, eos, vocab, self.column)
 
     def open(self, tokenizer: Tokenizer | None, cache_dir: str | Path | StoreRoot, verify_mode: VerifyMode = "checksum") -> Any:
-        """The corpus, opened from its metadata (remote files are copied to this node first).
+        """The corpus, opened from its metadata (remote files are copied to this node first, or read
+        by byte ranges when the corpus is larger than its share of ``cache_budget``).
 
         Args:
             tokenizer: the datamodule's tokenizer.
@@ -193,11 +197,13 @@ class TokenizedDatasetManager(DatasetManager):
             return open_committed_store(files, tokenizer, self.source_description, verify_mode)
         options = self.format_options(tokenizer, root)
         storage = self.storage_options if self.storage_options is not None else root.storage_options
-        files = CorpusFiles(self.path, storage, root.local_dir, self.source_description)
+        share = root.budget_share if root.cache_budget is not None else None
+        files = CorpusFiles(self.path, storage, root.local_dir, self.source_description, budget_share=share)
         try:
-            return open_corpus(files, self.format, options)
+            corpus = open_corpus(files, self.format, options)
         except (ValueError, FileNotFoundError) as error:
             raise DataSourceError(str(error)) from None
+        return ranged_corpus(corpus, files, root) if files.ranged else corpus
 
     def _is_store(self, root: StoreRoot) -> bool:
         if self.format != "auto":

@@ -21,11 +21,46 @@ from lightning_tune_data.sources.arrow import ArrowSource
 from lightning_tune_data.sources.arrow_iteration import ROWS_PER_STEP
 from lightning_tune_data.sources.document_block import DocumentBlock
 
-__all__ = ["CorpusSource"]
+__all__ = ["CorpusSource", "changed_files", "files_record"]
 
 _FILES = "files"
 #: Up to this many files, the state lists each one's identity (so a change names the file).
 _LISTED_FILES = 64
+
+
+def files_record(corpus: Any) -> dict[str, Any]:
+    """What a saved position records of a corpus's files: where it is, a digest of every file's
+    identity, their count, and (up to 64 files) each one's identity, so a change names the file.
+
+    Args:
+        corpus: a ``TokenCorpus`` or ``RangedCorpus`` (anything with ``identity()`` and ``location``).
+    """
+    identity = corpus.identity()
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+    record: dict[str, Any] = {"location": corpus.location, "digest": digest, "count": len(identity)}
+    if len(identity) <= _LISTED_FILES:
+        record["identity"] = identity
+    return record
+
+
+def changed_files(source: str, saved: dict[str, Any] | None, now: dict[str, Any]) -> str | None:
+    """The one-line error for a resume over files that changed since ``saved`` was recorded
+    (``None`` when they did not, or nothing was recorded).
+
+    Args:
+        source: the source's name.
+        saved: :func:`files_record` when the checkpoint was written.
+        now: :func:`files_record` of the files now.
+    """
+    if saved is None or saved["digest"] == now["digest"]:
+        return None
+    current = {item["url"]: item for item in now.get("identity", [])}
+    then = {item["url"]: item for item in saved.get("identity", [])}
+    changed = sorted(url for url in set(current) | set(then) if current.get(url) != then.get(url))
+    named = f": {changed[:5]}" if changed else f" ({saved['count']} files then, {now['count']} now)"
+    return (f"Source '{source}': files of {now.get('location')} changed since the checkpoint was written{named}; the "
+            "saved position would mean other documents. Restore the files, or resume with `resume_data_state: false` "
+            "to start the data from the beginning.")
 
 
 class CorpusSource(ArrowSource):
@@ -40,12 +75,7 @@ class CorpusSource(ArrowSource):
     def __init__(self, corpus: Any, dataset_name: str, **kwargs: Any) -> None:
         super().__init__(corpus, dataset_name, **kwargs)
         self._corpus = corpus
-        identity = corpus.identity()
-        self._location = corpus.location
-        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
-        self._files: dict[str, Any] = {"digest": digest, "count": len(identity)}
-        if len(identity) <= _LISTED_FILES:
-            self._files["identity"] = identity
+        self._files = files_record(corpus)
 
     def _with_files(self, state: dict[str, Any]) -> dict[str, Any]:
         own = state[self.dataset_name]
@@ -53,18 +83,9 @@ class CorpusSource(ArrowSource):
         return state
 
     def _check_files(self, own: dict[str, Any]) -> None:
-        saved = own.get(_FILES)
-        if saved is None or saved["digest"] == self._files["digest"]:
-            return
-        now = {item["url"]: item for item in self._files.get("identity", [])}
-        then = {item["url"]: item for item in saved.get("identity", [])}
-        changed = sorted(url for url in set(now) | set(then) if now.get(url) != then.get(url))
-        named = f": {changed[:5]}" if changed else f" ({saved['count']} files then, {self._files['count']} now)"
-        raise ValueError(
-            f"Source '{self.dataset_name}': files of {self._location} changed since the checkpoint was written{named}; "
-            "the saved position would mean other documents. Restore the files, or resume with "
-            "`resume_data_state: false` to start the data from the beginning."
-        )
+        problem = changed_files(self.dataset_name, own.get(_FILES), self._files)
+        if problem is not None:
+            raise ValueError(problem)
 
     def read_block(self, limit: int = ROWS_PER_STEP) -> DocumentBlock | None:
         """As ``ArrowSource.read_block``; the ids of a file are checked the first time it is read."""

@@ -46,3 +46,36 @@ def test_a_corpus_on_s3_is_listed_with_etags_copied_once_and_read_as_written(tmp
     gets = s3.requests.gets("corpus/a.bin"), s3.requests.gets("corpus/a.idx")
     manager.setup(None, tmp_path / "node")
     assert (s3.requests.gets("corpus/a.bin"), s3.requests.gets("corpus/a.idx")) == gets  # both copies are reused
+
+
+def test_index_and_metadata_files_on_s3_are_fetched_once_per_node(tmp_path: Path, s3) -> None:
+    from tokenized_writers import write_datatrove, write_litdata
+
+    write_datatrove(tmp_path / "dt", "000.ds", documents(30, seed=19))
+    write_litdata(tmp_path / "lt", documents(30, seed=20), tokens_loader=True)
+    for folder in ("dt", "lt"):
+        for path in sorted((tmp_path / folder).iterdir()):
+            s3.put(f"{folder}/{path.name}", path.read_bytes())
+    small = ("dt/000.ds.index", "dt/000.ds.metadata", "lt/index.json")
+    for folder in ("dt", "lt"):
+        TokenizedDatasetManager(f"{s3.url}/{folder}/", storage_options=s3.storage_options).setup(None, tmp_path / "node")
+    fetched = [s3.requests.gets(name) for name in small]
+    assert fetched == [1, 1, 1]  # detecting the format and reading it share the copy
+    for folder in ("dt", "lt"):
+        TokenizedDatasetManager(f"{s3.url}/{folder}/", storage_options=s3.storage_options).setup(None, tmp_path / "node")
+    assert [s3.requests.gets(name) for name in small] == fetched
+
+
+def test_headers_on_s3_are_read_once_per_node(tmp_path: Path, s3) -> None:
+    from tokenized_writers import EOS, write_llmc
+
+    paths = write_llmc(tmp_path / "llmc", documents(40, seed=21), shard_tokens=300)
+    for path in paths:
+        s3.put(f"llmc/{path.name}", path.read_bytes())
+    manager = TokenizedDatasetManager(f"{s3.url}/llmc/", eos_id=EOS, storage_options=s3.storage_options)
+    first = manager.setup(None, tmp_path / "node")
+    assert first.format == "llmc" and len(paths) > 1
+    gets = [s3.requests.gets(f"llmc/{path.name}") for path in paths]
+    again = manager.setup(None, tmp_path / "node")  # detection and the reader find the kept headers
+    assert [s3.requests.gets(f"llmc/{path.name}") for path in paths] == gets
+    assert len(again) == len(first)

@@ -3,6 +3,7 @@ source, resumed from a checkpoint bitwise; configured from YAML; never built by 
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,8 @@ from tokenized_writers import EOS, documents, write_megatron
 
 from lightning_tune_data import LocalDatasetManager, TextDataModule, TokenizedDatasetManager
 from lightning_tune_data.datamodule.store_tasks import stored_sources
+from lightning_tune_data.formats import ranged
+from lightning_tune_data.formats.ranged import RangedCorpus
 from lightning_tune_data.keys import INPUT_IDS
 from lightning_tune_data.managers import DataSourceError
 from lightning_tune_data.managers.tokenized import AppendEos
@@ -141,3 +144,64 @@ def test_a_capped_tokenized_source_is_planned_to_stop_at_its_cap(tmp_path: Path)
     web = next(row for row in dm.mixture.plan.sources if row.name == "web")
     assert web.cap_step is not None and 0 < web.cap_step < FINAL_STEP
     assert web.epochs == pytest.approx(0.1, abs=0.01)
+
+
+def remote_corpus(root: Path, s3) -> None:
+    """Three Megatron pairs on the S3 stand-in (27 KB of ids) and a local text source."""
+    for number in range(3):
+        write_megatron(root / "remote" / f"part-{number}", documents(150, seed=40 + number, longest=60))
+    for path in sorted((root / "remote").iterdir()):
+        s3.put(f"corpus/{path.name}", path.read_bytes())
+    write_jsonl(root / "text.jsonl", make_texts(60, seed=22))
+
+
+def ranged_fit(root: Path, s3, run: Path, packing: str, ckpt_path: str | None = None, **options) -> BatchRecorder:
+    """A fit on the remote corpus read by 2 KB ranges under a 16 KB node budget (8 KB its share)."""
+    managers = {"web": TokenizedDatasetManager(f"{s3.url}/corpus/", weight=0.6, storage_options=s3.storage_options),
+                "text": LocalDatasetManager(data_files=str(root / "text.jsonl"), weight=0.4)}
+    seed_everything(0)
+    recorder = BatchRecorder()
+    trainer = Trainer(accelerator="cpu", max_steps=FINAL_STEP, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0, default_root_dir=run,
+                      callbacks=[recorder, ModelCheckpoint(dirpath=run / "ckpt", every_n_train_steps=CHECKPOINT_STEP,
+                                                           save_top_k=-1)])
+    dm = TextDataModule({"train": managers}, max_seq_len=48, batch_size=4, seed=3, cache_dir=str(root / "cache"),
+                        mix_by="tokens", packing=packing, cache_budget=16384, **options)
+    model = TinyCausalLM(vocab_size=1024, max_seq_len=48, d_model=16, n_layers=1, n_heads=2)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    assert isinstance(dm.dataset("train", "web"), RangedCorpus)
+    return recorder
+
+
+@pytest.mark.parametrize(("packing", "num_workers"), [("concat", 0), ("greedy", 0), ("best_fit", 2)])
+def test_every_packing_strategy_trains_on_a_remote_corpus_read_by_ranges_and_resumes_bitwise(
+        tmp_path: Path, s3, monkeypatch, packing, num_workers) -> None:
+    monkeypatch.setattr(ranged, "RANGE_BYTES", 2048)
+    remote_corpus(tmp_path, s3)
+    full = ranged_fit(tmp_path, s3, tmp_path / "full", packing, num_workers=num_workers)
+    assert {name for provenance in full.provenance for name in provenance["source"]} == {"web", "text"}
+    [checkpoint] = (tmp_path / "full" / "ckpt").glob(f"*step={CHECKPOINT_STEP}.ckpt")
+    shutil.rmtree(tmp_path / "cache" / "shard-cache")  # the resumed run starts on an empty node cache
+    resumed = ranged_fit(tmp_path, s3, tmp_path / "resumed", packing, str(checkpoint), num_workers=num_workers)
+    assert resumed.steps == list(range(CHECKPOINT_STEP, FINAL_STEP))
+    for want, got in zip(full.batches[CHECKPOINT_STEP:], resumed.batches, strict=True):
+        for key in want:
+            assert torch.equal(want[key], got[key]), key
+    if packing != "best_fit":
+        return
+    rewritten = (tmp_path / "remote" / "part-1.bin").read_bytes()[::-1]  # same size, other documents
+    s3.put("corpus/part-1.bin", rewritten)
+    with pytest.raises(ValueError, match=r"changed since the checkpoint was written: \['s3://.*/corpus/part-1\.bin'\]") as error:
+        ranged_fit(tmp_path, s3, tmp_path / "changed", packing, str(checkpoint), num_workers=num_workers)
+    assert "\n" not in str(error.value)
+
+
+def test_the_report_draws_batches_of_a_foreign_source(tmp_path: Path) -> None:
+    from lightning_tune_data.report.batches import collect
+
+    root = corpus(tmp_path)
+    report = collect(datamodule(root, packing="greedy"), batches=3, preview_rows=2)
+    assert report.sources == ["web", "text"] and report.packing == "greedy"
+    web = TokenizedDatasetManager(str(root / "megatron")).setup(None, tmp_path / "node")
+    assert sorted(report.lengths["web"].tolist()) == sorted(np.diff(web.files[0].offsets).tolist())
+    assert len(report.doc_shares["web"]) == 3 and report.doc_shares["web"][-1] > 0

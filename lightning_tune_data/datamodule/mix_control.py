@@ -100,6 +100,7 @@ class MixControl:
         self.delay = 0
         self.started = False
         self.versions: WeightVersions | None = None
+        self.weight_source: OnlineTimeline | None = None
         self._sums: torch.Tensor | None = None  # [2, K] loss sums and target tokens, float64
         self._documents = [0.0] * len(self.names)
         self._index = {name: i for i, name in enumerate(self.names)}
@@ -206,8 +207,15 @@ class MixControl:
         self.versions = WeightVersions(self.names, version0, max(capacity, len(self.history) + 2),
                                        what=f"TextDataModule.mix_update_every={self.every}, delay {self.delay} steps")
         self.versions.load([w for _, w in self.history])
-        return OnlineTimeline(self.names, self.versions, self.every, self.delay, count, per_position, base, scale,
-                              description=f"online every={self.every} {type(self.controller).__name__}")
+        self.weight_source = OnlineTimeline(self.names, self.versions, self.every, self.delay, count, per_position, base,
+                                            scale, description=f"online every={self.every} {type(self.controller).__name__}")
+        return self.weight_source
+
+    def targets_at(self, step: float) -> dict[str, float] | None:
+        """The weights the stream draws by at optimizer step ``step`` (the controller's, times the
+        schedule's; ``None`` before the train stream exists)."""
+        timeline = self.weight_source
+        return None if timeline is None else timeline.weights_at(step * timeline.scale)
 
     def _read_ahead_steps(self, datamodule: Any, per_position: float, world: int) -> float:
         """Steps the packer reads ahead: a block of documents (at twice the longest source's mean

@@ -12,7 +12,7 @@ from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger
 from online_models import LevelModel, online_datamodule, write_sources
 
-from lightning_tune_data import OnlineDataMixing
+from lightning_tune_data import DatasetMetricsCallback, OnlineDataMixing
 from lightning_tune_data.datamodule.mix_control import MixControl, build_controller, weights_delay
 from lightning_tune_data.mixing.online_mixing import MixController
 
@@ -88,13 +88,16 @@ def test_weights_apply_from_the_update_step_plus_the_delay(tmp_path: Path) -> No
             sources.append(list(batch["provenance"]["source"]))
             return super().training_step(batch, batch_idx)
 
-    trainer = Trainer(accelerator="cpu", max_steps=12, logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, limit_val_batches=0, enable_checkpointing=False)
+    trainer = Trainer(accelerator="cpu", max_steps=12, logger=CSVLogger(tmp_path / "logs"), log_every_n_steps=1,
+                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                      enable_checkpointing=False, callbacks=[DatasetMetricsCallback(log_every_n_steps=1)])
     trainer.fit(Record(), datamodule=datamodule)
     delay = datamodule.mix_control.delay
     assert delay == weights_delay(0, None, 1) == 3
     assert all(s == "high" for batch in sources[2 + delay:] for s in batch)
     assert any(s == "low" for batch in sources[: 2 + delay] for s in batch)
+    rows = rows_by_step(Path(trainer.logger.log_dir) / "metrics.csv")  # the callback's target follows the weights
+    assert [rows[step]["mix/high/target"] for step in range(12)] == [0.5] * (2 + delay) + [1.0] * (10 - delay)
 
 
 def test_changing_mix_update_every_on_resume_is_refused(tmp_path: Path) -> None:

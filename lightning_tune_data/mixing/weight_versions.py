@@ -7,7 +7,7 @@ table is a shared-memory tensor created in the main process before the loader's 
 so a forked or spawned worker sees every version the main process publishes later.
 
 A worker that needs a version not published yet waits for it, polling with short sleeps. It never
-guesses: it raises when its main process is gone (its parent process changed) or after
+guesses: it raises when its main process is gone (no longer its parent, and gone) or after
 :attr:`WeightVersions.wait_timeout` seconds. In the main process itself (``num_workers=0``) a
 missing version is an error at once: the main process would be waiting for itself.
 """
@@ -109,7 +109,7 @@ class WeightVersions:
                 "Raise mix_update_every or lower prefetch_factor.")
         start, sleep = time.monotonic(), _FIRST_SLEEP
         while int(self.table[version, k]) != version + 1:
-            if os.getppid() != self.owner:
+            if not self._owner_alive():
                 raise RuntimeError(f"A dataloader worker waited for the weights of mixture update {version}, but the "
                                    f"main process (pid {self.owner}) is gone; the worker stops.")
             if time.monotonic() - start > self.wait_timeout:
@@ -120,3 +120,22 @@ class WeightVersions:
             time.sleep(sleep)
             sleep = min(sleep * 2, _LONGEST_SLEEP)
         return self.table[version, :k].tolist()
+
+    def _owner_alive(self) -> bool:
+        """Whether the main process still runs: it is this worker's parent (fork, spawn), or it exists
+        and has not exited (a worker started by a forkserver)."""
+        if os.getppid() == self.owner:
+            return True
+        try:
+            with open(f"/proc/{self.owner}/stat", encoding="ascii") as handle:
+                state = handle.read().rpartition(")")[2].split()[0]
+            return state not in ("Z", "X")  # an exited process not reaped yet is gone too
+        except (OSError, IndexError):
+            pass
+        try:
+            os.kill(self.owner, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True

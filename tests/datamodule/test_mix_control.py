@@ -127,3 +127,15 @@ def test_the_delay_covers_the_loaders_prefetch() -> None:
     assert weights_delay(2, 2, 1) == 9  # 2 workers x (2 requested + 1 in the making) + 2, plus one
     assert weights_delay(4, 2, 4) == 4
     assert weights_delay(0, None, 1, read_ahead_steps=2.5) == 5
+
+
+def test_without_a_controller_nothing_of_online_mixing_runs(tmp_path: Path) -> None:
+    root = write_sources(tmp_path)
+    datamodule = online_datamodule(root, mix_controller=None, num_workers=0)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    assert datamodule.mix_control is None
+    assert type(datamodule.build_train_stream()._schedule).__name__ == "DrawSchedule"  # the fixed-weight rule
+    iterator = iter(datamodule.train_dataloader())
+    next(iterator)
+    assert "mix_control" not in datamodule.state_dict()

@@ -72,3 +72,15 @@ def test_two_ranks_two_workers_draw_with_the_same_weights(tmp_path: Path) -> Non
     assert ranks[0]["mixture_weights"] == ranks[1]["mixture_weights"]  # per batch index, the weights drawn by
     assert len({json.dumps(w) for w in ranks[0]["mixture_weights"]}) > 1  # and they did change
     assert ranks[0]["sources"] != ranks[1]["sources"]  # the ranks read different documents
+
+
+def test_elastic_resume_keeps_the_controller_and_its_history(tmp_path: Path) -> None:
+    root = write_sources(tmp_path / "data")
+    _, history = fit(root, tmp_path / "full", 12, save=True, mix_update_every=3)
+    ckpt = next((tmp_path / "full" / "ckpt").glob("*step=7.ckpt"))
+    state = torch.load(ckpt, weights_only=False)
+    saved = next(v for k, v in state.items() if k.endswith("TextDataModule"))["mix_control"]
+    assert saved["controller"]["t"] == 2 and [s for s, _ in saved["history"]] == [3, 6]
+    _, resumed = fit(root, tmp_path / "elastic", 12, str(ckpt), mix_update_every=3, num_workers=1)
+    assert resumed[:2] == history[:2]  # the updates before the checkpoint, kept
+    assert [s for s, _ in resumed] == [3, 6, 9]  # the controller went on from its third update

@@ -27,7 +27,7 @@ from lightning_tune_data.datamodule.train_mixture import source_size
 from lightning_tune_data.distributed import current_rank_and_world_size
 from lightning_tune_data.keys import NEW_DOCUMENT, PROVENANCE, SOURCE
 from lightning_tune_data.mixing.online_mixing import MixController
-from lightning_tune_data.mixing.online_timeline import OnlineTimeline
+from lightning_tune_data.mixing.online_timeline import ONLINE_BLOCK_DOCUMENTS, OnlineTimeline
 from lightning_tune_data.mixing.timeline import WeightTimeline
 from lightning_tune_data.mixing.weight_versions import WeightVersions
 from lightning_tune_data.packing.progress import read_ahead_documents
@@ -224,7 +224,8 @@ class MixControl:
         for name, manager in datamodule.dataset_managers.get("train", {}).items():
             size, _ = source_size(manager, datamodule._datasets["train"].get(name), None, datamodule.overlong)
             means.append(size.mean_tokens or datamodule.max_seq_len)
-        tokens = read_ahead_documents() * 2 * max(means or [datamodule.max_seq_len]) + \
+        documents = min(read_ahead_documents(), ONLINE_BLOCK_DOCUMENTS)
+        tokens = documents * 2 * max(means or [datamodule.max_seq_len]) + \
             datamodule.packing_buffer_size * datamodule.max_seq_len
         return tokens * world * max(1, datamodule.num_workers) / per_position
 

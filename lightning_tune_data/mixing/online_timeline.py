@@ -26,7 +26,11 @@ from lightning_tune_data.keys import MixBy
 from lightning_tune_data.mixing.timeline import WeightTimeline
 from lightning_tune_data.mixing.weight_versions import WeightVersions
 
-__all__ = ["OnlineTimeline"]
+__all__ = ["OnlineTimeline", "ONLINE_BLOCK_DOCUMENTS"]
+
+#: Most documents a mixture drawing by an online timeline hands a packer at once: the packer reads
+#: that far ahead of its packs, and the weights' delay must cover it, so it is kept short.
+ONLINE_BLOCK_DOCUMENTS = 256
 
 
 class _Starts:
@@ -74,6 +78,8 @@ class OnlineTimeline:
         self._starts: list[float] = [0.0]
         self._keys: list[tuple[int, int]] = [(0, 0)]  # per quantum: (base quantum, version)
         self._weights: dict[int, list[float]] = {}
+        #: Most documents the mixture hands a packer per block (see :data:`ONLINE_BLOCK_DOCUMENTS`).
+        self.block_documents = ONLINE_BLOCK_DOCUMENTS
 
     def __len__(self) -> int:
         return len(self._starts)

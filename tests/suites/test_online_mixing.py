@@ -55,6 +55,40 @@ def test_resume_between_updates_and_at_an_update_is_bitwise_the_uninterrupted_ru
         assert resumed_history == history  # every weight, bitwise
 
 
+def test_packed_resume_is_bitwise_the_uninterrupted_run_with_the_weights_applied(tmp_path: Path) -> None:
+    root = write_sources(tmp_path / "data")
+    options = dict(packing="best_fit", max_seq_len=256, batch_size=16, packing_buffer_size=4, mix_update_every=2)
+    steps = 26
+    full, history = fit(root, tmp_path / "full", steps, save=True, **options)
+    for resume_at in (11, 12):
+        ckpt = next((tmp_path / "full" / "ckpt").glob(f"*step={resume_at}.ckpt"))
+        resumed, resumed_history = fit(root, tmp_path / f"resumed{resume_at}", steps, str(ckpt), **options)
+        for step, ids in resumed.items():
+            assert torch.equal(ids, full[step]), f"resumed at {resume_at}: batch of step {step} differs"
+        assert resumed_history == history
+
+
+def test_packed_weights_apply_after_the_packers_read_ahead(tmp_path: Path) -> None:
+    from lightning_tune_data.mixing.online_mixing import MixController
+
+    class AllHigh(MixController):
+        def update(self, step, stats):  # noqa: ANN001, ANN201
+            return {"low": 0.0, "high": 1.0}
+
+    root = write_sources(tmp_path / "data")
+    seed_everything(0)
+    datamodule = online_datamodule(root, mix_controller=AllHigh(), packing="best_fit", max_seq_len=256,
+                                   batch_size=16, packing_buffer_size=4, mix_update_every=2)
+    batches = Batches()
+    trainer = Trainer(accelerator="cpu", max_steps=30, callbacks=[batches], logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0, enable_checkpointing=False)
+    trainer.fit(LevelModel(), datamodule=datamodule)
+    delay = datamodule.mix_control.delay
+    assert 9 < delay < 26
+    digits = [int(((ids >= 48) & (ids <= 57)).sum()) for _, ids in sorted(batches.by_step.items())]
+    assert digits[0] > 0 and digits[-1] == 0  # low's documents stop once the weights apply, read-ahead included
+
+
 def test_resume_with_another_update_interval_is_refused(tmp_path: Path) -> None:
     root = write_sources(tmp_path / "data")
     fit(root, tmp_path / "full", 4, save=True, mix_update_every=2)

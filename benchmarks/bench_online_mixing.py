@@ -81,7 +81,7 @@ def step_time(cache: Path, online: bool, steps: int, every: int) -> tuple[float,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=110)
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--every", type=int, default=10)
     args = parser.parse_args()
@@ -109,10 +109,10 @@ def main() -> int:
         "",
         f"Quickstart model, sources and loader (best_fit packs of 256 tokens, batch 8, 2 workers), CPU; {args.steps} "
         f"steps per run after {WARMUP} warm-up steps, {args.repeats} runs each, alternated; `OnlineDataMixing` "
-        f"updating every {args.every} steps ({updates} updates per run). With these small packs the packer reads "
-        f"{delay} steps ahead of training, so each update's weights apply {delay} steps after it: the runs measure "
-        "the updates and the draws through the online weight source; a changed mix changes which documents fill "
-        "the same-shaped packs, not their cost.",
+        f"updating every {args.every} steps ({updates} updates per run). Each update's weights apply {delay} steps "
+        f"after it (with these small packs the packer's read-ahead is most of that), so the weights of "
+        f"{sum(1 for k in range(1, updates + 1) if k * args.every + delay < args.steps)} updates were drawn by "
+        "within a run; a changed mix changes which documents fill the same-shaped packs, not their cost.",
         "",
         "| run | main-process CPU per step (ms) | per run | median wall step (ms) | per run |",
         "|---|---|---|---|---|",

@@ -244,8 +244,7 @@ class InterleavedDataset(TuneIterableDataset):
         self._take_pending_share()
         if self._reader is None:
             self._reader = MixedReader(self._dataset_name, self._children.datasets, self._schedule, self.state_from)
-        cap = getattr(getattr(self._schedule, "timeline", None), "block_documents", None)  # an online timeline's
-        return self._reader.read(limit if cap is None else min(limit, cap))
+        return self._reader.read(limit)
 
     def state_after_block(self, block: MixedBlock, documents: int) -> dict[str, Any]:
         """The mixture's state right after the first ``documents`` documents of ``block``."""

@@ -139,3 +139,25 @@ def test_without_a_controller_nothing_of_online_mixing_runs(tmp_path: Path) -> N
     iterator = iter(datamodule.train_dataloader())
     next(iterator)
     assert "mix_control" not in datamodule.state_dict()
+
+
+def test_with_a_schedule_the_controllers_weights_multiply_the_schedules(tmp_path: Path) -> None:
+    class Fixed(MixController):
+        def update(self, step, stats):  # noqa: ANN001, ANN201
+            return {"low": 0.25, "high": 0.75}
+
+    root = write_sources(tmp_path)
+    seed_everything(0)
+    schedule = {"unit": "steps", "interpolation": "step", "points": [
+        {"at": 0, "weights": {"low": 0.5, "high": 0.5}}, {"at": 8, "weights": {"low": 0.9, "high": 0.1}}]}
+    datamodule = online_datamodule(root, mix_controller=Fixed(), mix_update_every=2, num_workers=0,
+                                   mix_schedule=schedule)
+    trainer = Trainer(accelerator="cpu", max_steps=12, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0, enable_checkpointing=False)
+    trainer.fit(LevelModel(), datamodule=datamodule)
+    control = datamodule.mix_control
+    assert control.delay == 3
+    assert control.targets_at(4) == pytest.approx({"low": 0.5, "high": 0.5})  # schedule only: no version applies yet
+    assert control.targets_at(6) == pytest.approx({"low": 0.25, "high": 0.75})  # update 1 (step 2) from 2 + 3
+    product = [0.9 * 0.25, 0.1 * 0.75]
+    assert control.targets_at(9) == pytest.approx({"low": product[0] / sum(product), "high": product[1] / sum(product)})

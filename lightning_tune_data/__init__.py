@@ -27,6 +27,7 @@ from lightning_tune_data.mixing.interleave import InterleavedDataset
 from lightning_tune_data.mixing.interleave_datasets import interleave_datasets
 from lightning_tune_data.mixing.mix_schedule import MixPoint, MixSchedule
 from lightning_tune_data.mixing.mixture_plan import MixturePlan
+from lightning_tune_data.mixing.online_mixing import MixController, OnlineDataMixing
 from lightning_tune_data.mixing.timeline import WeightTimeline
 from lightning_tune_data.packing.packer import IterablePackedDataset
 from lightning_tune_data.tokenizers import ByteTokenizer, TokenizerFileTokenizer, TransformersTokenizer
@@ -47,9 +48,11 @@ __all__ = [
     "LocalDatasetManager",
     "MetricCollector",
     "MetricSpec",
+    "MixController",
     "MixPoint",
     "MixSchedule",
     "MixturePlan",
+    "OnlineDataMixing",
     "PackedCollator",
     "PaddedCollator",
     "SourceLossSplit",

@@ -14,6 +14,7 @@ from typing import Any
 
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
+from lightning_tune_data.collate import PackedCollator, PaddedCollator
 from lightning_tune_data.collate.expand import expand_batch
 
 __all__ = ["TrainBatchHooks", "compact_pays"]
@@ -36,13 +37,22 @@ def compact_pays(trainer: Any, num_workers: int) -> bool:
 
 
 class TrainBatchHooks:
-    """The two batch-transfer hooks of ``TextDataModule`` (a base class of it)."""
+    """The two batch-transfer hooks of ``TextDataModule`` (a base class of it), and its train collator."""
 
     _batches_consumed: int
+    mix_control: Any
+
+    def train_collator(self) -> PaddedCollator | PackedCollator:
+        """The train batches' collator: packs stacked when packing, else one padded document per row;
+        compact batches where they pay (:func:`compact_pays`)."""
+        cls = PackedCollator if self.packing is not None else PaddedCollator
+        return cls(pad_id=self.tokenizer.pad_id, max_seq_len=self.max_seq_len, pad_to_multiple_of=self.pad_to_multiple_of,
+                   compact=self.compact_batches and compact_pays(getattr(self, "trainer", None), self.num_workers))
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Count the train batches the model actually consumes (the fit loop prefetches one); ``batch``
-        is returned as is.
+        """Count the train batches the model actually consumes (the fit loop prefetches one), and run an
+        online mixing update that is due (the first batch after its step, on every rank); ``batch`` is
+        returned as is.
 
         Args:
             batch: the batch the loader handed out.
@@ -51,6 +61,8 @@ class TrainBatchHooks:
         trainer = getattr(self, "trainer", None)
         if trainer is not None and trainer.training:
             self._batches_consumed += 1
+            if self.mix_control is not None:
+                self.mix_control.maybe_update(trainer)
         return batch
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

@@ -31,9 +31,9 @@ from lightning.pytorch import LightningDataModule
 
 from lightning_tune_data.cache.checksums import VerifyMode
 from lightning_tune_data.cache.root import BuildStores, StoreRoot, default_local_cache_dir
-from lightning_tune_data.collate import PackedCollator, PaddedCollator
-from lightning_tune_data.datamodule.batch_hooks import TrainBatchHooks, compact_pays
+from lightning_tune_data.datamodule.batch_hooks import TrainBatchHooks
 from lightning_tune_data.datamodule.eval_loaders import eval_loaders
+from lightning_tune_data.datamodule.mix_control import MixControl, load_mix_state, train_timeline, with_mix_state
 from lightning_tune_data.datamodule.manager_data import (
     close_datasets, loaded_dataset, prepare_datasets, set_up_datasets,
 )
@@ -51,6 +51,7 @@ from lightning_tune_data.loading.loaders import LoaderOptions, MapStyleDocuments
 from lightning_tune_data.loading.resumable_loader import ResumableLoader
 from lightning_tune_data.managers import DatasetManager
 from lightning_tune_data.mixing.mix_schedule import MixSchedule
+from lightning_tune_data.mixing.online_mixing import MixController
 from lightning_tune_data.packing import PackingName
 from lightning_tune_data.sources.base import TuneIterableDataset
 from lightning_tune_data.sources.corpus_source import files_record
@@ -125,6 +126,9 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
         mix_schedule: train weights that change over the run (``MixSchedule``); ``None``: the managers' weights.
         compact_batches: ``True`` (default): under a Trainer with workers or an accelerator, train batches
             travel compact and ``on_after_batch_transfer`` derives the same full batch on the device.
+        mix_controller: sets the train weights from the per-source loss every ``mix_update_every`` optimizer
+            steps (``OnlineDataMixing``, any ``MixController``, or a class path with init args); ``None``: off.
+        mix_update_every: optimizer steps between two updates of ``mix_controller``.
     """
 
     def __init__(
@@ -160,6 +164,8 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
         build_stores: BuildStores = "auto",
         mix_schedule: MixSchedule | None = None,
         compact_batches: bool = True,
+        mix_controller: MixController | None = None,
+        mix_update_every: int = 100,
     ) -> None:
         super().__init__()
         self.prepare_data_per_node = prepare_data_per_node
@@ -185,6 +191,7 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
             train_mode=train_mode, overlong=overlong, mix_by=mix_by, cache_verify=cache_verify)
         tell_managers_their_names(self.dataset_managers)
         self.mixture = TrainMixture(mix_schedule, self._managers("train"), mix_by)
+        self.mix_control = MixControl.configured(mix_controller, mix_update_every, list(self._managers("train")))
         self.train_options = LoaderOptions(batch_size, num_workers, pin_memory, prefetch_factor, persistent_workers)
         self.eval_options = replace(self.train_options, batch_size=self.eval_batch_size, num_workers=self.eval_num_workers)
         self._datasets: dict[str, dict[str, Any]] = {split: {} for split in SPLITS}
@@ -254,15 +261,8 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
             seed=self.seed, max_seq_len=self.max_seq_len, overlong=self.overlong,
             stopping_strategy=self.stopping_strategy, mix_by=self.mix_by, stream_name=self.train_stream_name,
             packing=self.packing, packing_buffer_size=self.packing_buffer_size, num_workers=self.num_workers,
-            timeline=self.mixture.timeline_for(self))
+            timeline=train_timeline(self))
         return config.build(self._managers("train"), partial(self.dataset, "train"), rank, world_size)
-
-    def train_collator(self) -> PaddedCollator | PackedCollator:
-        """The train batches' collator: packs stacked when packing, else one padded document per row;
-        compact batches where they pay (:func:`compact_pays`)."""
-        cls = PackedCollator if self.packing is not None else PaddedCollator
-        return cls(pad_id=self.tokenizer.pad_id, max_seq_len=self.max_seq_len, pad_to_multiple_of=self.pad_to_multiple_of,
-                   compact=self.compact_batches and compact_pays(getattr(self, "trainer", None), self.num_workers))
 
     def train_dataloader(self) -> ResumableLoader:
         """The train stream in a ``StatefulDataLoader``, restored from a checkpoint if one was loaded."""
@@ -313,7 +313,7 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
         if getattr(self, "trainer", None) is None:  # a manual loop: every batch handed out counts as consumed
             self._batches_consumed = self._train_loader.batches_yielded
         _, world_size = current_rank_and_world_size()
-        return data_state(self._train_loader, self._batches_consumed, self.data_signature(), world_size)
+        return with_mix_state(self, data_state(self._train_loader, self._batches_consumed, self.data_signature(), world_size))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Check the checkpoint's data config against this one and keep the state for the train loader.
@@ -323,3 +323,5 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
         """
         if state_dict and not trainer_is_evaluating(getattr(self, "trainer", None)):
             self._resume.accept(state_dict, self.data_signature(), self.train_mode)
+            if self._resume.enabled:
+                load_mix_state(self, state_dict)

@@ -29,12 +29,15 @@ __all__ = ["DatasetMetricsCallback", "flatten_metrics", "scheduled_targets"]
 
 
 def scheduled_targets(trainer: pl.Trainer) -> dict[str, float] | None:
-    """The mixture schedule's target weights at the trainer's last step (``None``: fixed weights).
+    """The mixture's target weights at the trainer's last step: an online controller's (with a
+    schedule's), else a schedule's (``None``: fixed weights).
 
     Args:
-        trainer: the trainer, whose datamodule may carry a ``mixture`` with ``targets_at(step)``.
+        trainer: the trainer, whose datamodule may carry a ``mix_control`` or a ``mixture`` with
+            ``targets_at(step)``.
     """
-    mixture = getattr(getattr(trainer, "datamodule", None), "mixture", None)
+    datamodule = getattr(trainer, "datamodule", None)
+    mixture = getattr(datamodule, "mix_control", None) or getattr(datamodule, "mixture", None)
     targets_at = getattr(mixture, "targets_at", None)
     return None if targets_at is None else targets_at(max(trainer.global_step - 1, 0))
 
@@ -73,8 +76,9 @@ class DatasetMetricsCallback(Callback):
       explain its numbers: sources whose documents reached the model with no target token, and
       how far documents held in open packs can keep the realised shares from the targets.
     * Target weights come from ``trainer.datamodule.train_source_weights`` when it exists.
-    * With a mixture schedule (``trainer.datamodule.mixture``), ``mix/<name>/target`` logs the
-      schedule's weight at the step next to the realised shares, and ``target_weight`` follows it.
+    * With a mixture schedule (``trainer.datamodule.mixture``) or an online controller
+      (``trainer.datamodule.mix_control``), ``mix/<name>/target`` logs the weight the stream draws
+      by at the step next to the realised shares, and ``target_weight`` follows it.
     * Checkpoints hold every rank's counts (``{"world_size": W, "ranks": [...]}``); on resume each
       rank restores its own, so counters continue instead of restarting at 0. ``state_dict()`` is a
       collective under DDP, like Lightning's own ``trainer.save_checkpoint``: it must run on all ranks.

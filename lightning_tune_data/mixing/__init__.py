@@ -3,6 +3,8 @@
 from lightning_tune_data.mixing.interleave import InterleavedDataset
 from lightning_tune_data.mixing.interleave_datasets import interleave_datasets
 from lightning_tune_data.mixing.mix_schedule import MixPoint, MixSchedule
+from lightning_tune_data.mixing.online_mixing import MixController, OnlineDataMixing
 from lightning_tune_data.mixing.timeline import WeightTimeline
 
-__all__ = ["InterleavedDataset", "MixPoint", "MixSchedule", "WeightTimeline", "interleave_datasets"]
+__all__ = ["InterleavedDataset", "MixController", "MixPoint", "MixSchedule", "OnlineDataMixing", "WeightTimeline",
+           "interleave_datasets"]

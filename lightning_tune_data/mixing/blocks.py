@@ -113,7 +113,9 @@ class MixedReader:
         return cursor.block, cursor.at
 
     def read(self, limit: int) -> MixedBlock:
-        """The next ``limit`` draws of the mixture (it advances past them, like iteration)."""
+        """The next ``limit`` draws of the mixture (it advances past them, like iteration); at most the
+        timeline's ``block_documents`` when it has one (weights published during the run: a short read-ahead)."""
+        limit = min(limit, getattr(getattr(self.schedule, "timeline", None), "block_documents", limit))
         schedule, children, cursors = self.schedule, self.children, self.cursors
         block = MixedBlock(self.stores, schedule.draws, [list(account) for account in schedule.consumed],
                            [self._child_position(i) for i in range(len(children))])

@@ -177,6 +177,9 @@ class Harness(LightningModule, ABC):
             return
         sources = self._train_source_names() or None
         split = split_loss_by_source(token_loss.detach(), batch, sources=sources)
+        control = getattr(self.trainer.datamodule, "mix_control", None)
+        if control is not None:  # online mixing: this rank's sums, reduced once per update
+            control.observe(split, batch)
         if self.trainer.world_size > 1:
             split = split.all_reduce(self.trainer.strategy.reduce)
         means = split.means()

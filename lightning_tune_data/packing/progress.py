@@ -20,12 +20,17 @@ from lightning_tune_data.packing.pieces import detach_pieces
 from lightning_tune_data.packing.placement import PackPlacer
 from lightning_tune_data.sources.base import TuneIterableDataset
 
-__all__ = ["COUNTER_NAMES", "PackingProgress"]
+__all__ = ["COUNTER_NAMES", "PackingProgress", "read_ahead_documents"]
 
 #: What a packer counts: packs and tokens handed out, documents read, documents cut or dropped.
 COUNTER_NAMES = ("packs", "documents", "tokens", "overlong_truncated", "overlong_dropped", "empty_dropped")
 #: Documents read from the child at a time when it hands out blocks (held by reference until packed).
 _BLOCK_DOCUMENTS = 2048
+
+
+def read_ahead_documents() -> int:
+    """Documents a packer reads from a mixture ahead of the packs it hands out (one block's worth)."""
+    return _BLOCK_DOCUMENTS
 
 
 class PackingProgress:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["plot_efficiency", "plot_lengths", "plot_losses", "plot_mix", "plot_truncation"]
+__all__ = ["plot_efficiency", "plot_lengths", "plot_losses", "plot_mix", "plot_online_mixing", "plot_truncation"]
 
 
 def _pyplot():  # noqa: ANN202 - matplotlib.pyplot module
@@ -215,4 +215,32 @@ def plot_losses(path: Path, steps: Mapping[str, Sequence[float]], losses: Mappin
     ax.set_title("Train loss by source")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_online_mixing(path: Path, steps: Sequence[float], weights: Mapping[str, Sequence[float]],
+                       losses: Mapping[str, Sequence[float]]) -> Path:
+    """Online mixing: per source the controller's weight (top) and the interval's loss it saw
+    (bottom) at each update.
+
+    Args:
+        path: The PNG to write.
+        steps: The steps of the updates.
+        weights: Per source, its weight at each update.
+        losses: Per source, the interval's mean loss at each update (shorter when a source had no token).
+    """
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for i, source in enumerate(weights):
+        color = f"C{i}"
+        top.plot(steps[: len(weights[source])], weights[source], color=color, lw=1.5, label=source)
+        if losses.get(source):
+            bottom.plot(steps[: len(losses[source])], losses[source], color=color, lw=1.5, label=source)
+    top.set_ylabel("weight")
+    top.set_title("Online mixing: the controller's weights and the losses it saw")
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8)
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("interval loss")
+    bottom.grid(alpha=0.3)
     return _save(fig, path)

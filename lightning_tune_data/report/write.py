@@ -10,7 +10,7 @@ from typing import Any
 from lightning_tune_data.metrics.summary import format_percent, no_target_notes
 from lightning_tune_data.report.batches import BatchReport
 from lightning_tune_data.report.plots import (
-    plot_efficiency, plot_lengths, plot_losses, plot_mix, plot_schedule, plot_truncation,
+    plot_efficiency, plot_lengths, plot_losses, plot_mix, plot_online_mixing, plot_schedule, plot_truncation,
 )
 from lightning_tune_data.report.preview import LEGEND, render_rows
 from lightning_tune_data.tokenizers import Tokenizer
@@ -126,6 +126,20 @@ def _schedule_section(rows: list[dict[str, float]], keys: set[str], sources: lis
     return lines
 
 
+def _online_section(rows: list[dict[str, float]], keys: set[str], sources: list[str], out: Path) -> list[str]:
+    """The report's online mixing: per source the controller's weight and the loss it saw at each
+    update (none without ``mix/<source>/weight`` columns)."""
+    controlled = [s for s in sources if f"mix/{s}/weight" in keys]
+    if not controlled:
+        return []
+    steps, _ = _series(rows, f"mix/{controlled[0]}/weight")
+    plot_online_mixing(out / "online_mixing.png", steps, {s: _series(rows, f"mix/{s}/weight")[1] for s in controlled},
+                       {s: _series(rows, f"mix/{s}/loss")[1] for s in controlled})
+    return ["## Online mixing", "", "![online mixing](online_mixing.png)", "",
+            "Top: the controller's weight of each source at each update; bottom: the source's mean loss per target "
+            "token over the interval before it.", ""]
+
+
 def read_metrics_csv(path: str | Path) -> list[dict[str, float]]:
     """Rows of a CSVLogger ``metrics.csv`` with their non-empty numeric cells, in file order.
 
@@ -197,6 +211,7 @@ def write_metrics_report(metrics_csv: str | Path, output: str | Path) -> Path:
     lines += [*_mix_table(sources, metrics, extra), "", *_notes(notes), "![realised vs target mix](mix.png)", "",
               "Solid lines: share of documents; dashed: share of tokens; dotted: the target weight.", ""]
     lines += _schedule_section(rows, keys, sources, out)
+    lines += _online_section(rows, keys, sources, out)
     losses = {k.split("/")[1]: k for k in sorted(keys) if k.startswith("train/") and k.endswith("/loss")}
     if losses:
         series = {name: _series(rows, key) for name, key in losses.items()}

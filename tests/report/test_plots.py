@@ -85,3 +85,15 @@ def test_losses_draw_sources_and_the_overall_loss_apart(tmp_path: Path, drawn: l
     plot_losses(tmp_path / "all.png", steps, losses)
     assert legend_labels(drawn[1].axes[0]) == ["a", "b", "interleaved"]
     assert matplotlib.get_backend().lower() == "agg"
+
+
+def test_online_mixing_draws_each_sources_weight_and_loss_per_update(tmp_path: Path, drawn: list) -> None:
+    from lightning_tune_data.report.plots import plot_online_mixing
+
+    path = plot_online_mixing(tmp_path / "online.png", [9, 19, 29], {"a": [0.5, 0.4, 0.3], "b": [0.5, 0.6, 0.7]},
+                              {"a": [1.0, 1.1, 1.2], "b": [4.0, 3.9, 3.8]})
+    assert_valid_png(path)
+    top, bottom = drawn[0].axes
+    assert legend_labels(top) == ["a", "b"]
+    assert [list(line.get_ydata()) for line in top.lines] == [[0.5, 0.4, 0.3], [0.5, 0.6, 0.7]]
+    assert [list(line.get_ydata()) for line in bottom.lines] == [[1.0, 1.1, 1.2], [4.0, 3.9, 3.8]]

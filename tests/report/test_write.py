@@ -101,3 +101,12 @@ def test_batch_report_tabulates_the_mix_lengths_and_truncation_and_previews_rows
     assert "```text\nrow 0: 1 document(s), 7 tokens\n[doc 0 | a | 7 tokens] <bos>hello<eos>\n```" in markdown
     assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == [
         "efficiency.png", "lengths.png", "mix.png", "truncation.png"]
+
+
+def test_metrics_report_charts_online_mixing_when_weights_were_logged(tmp_path: Path) -> None:
+    rows = logged_rows() + [{"step": 1, "mix/a/weight": 0.4, "mix/b/weight": 0.6, "mix/a/loss": 1.0, "mix/b/loss": 3.0},
+                            {"step": 3, "mix/a/weight": 0.3, "mix/b/weight": 0.7, "mix/a/loss": 0.9, "mix/b/loss": 2.9}]
+    markdown = write_metrics_report(write_csv(tmp_path / "metrics.csv", rows), tmp_path / "out").read_text()
+    assert "## Online mixing" in markdown and (tmp_path / "out" / "online_mixing.png").is_file()
+    plain = write_metrics_report(write_csv(tmp_path / "plain.csv", logged_rows()), tmp_path / "plain").read_text()
+    assert "## Online mixing" not in plain

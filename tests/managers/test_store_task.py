@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import datasets
 import pytest
 from conftest import make_texts, write_jsonl
 
@@ -162,6 +163,7 @@ def test_a_hard_link_to_the_data_is_another_store_and_the_error_names_the_path_i
 def test_a_task_shows_its_upload_to_a_remote_root(tmp_path: Path, s3, capsys) -> None:
     from lightning_tune_data.cache.root import StoreRoot
 
+    datasets.enable_progress_bars()  # the user's default, whatever an earlier test left behind
     source = manager(tmp_path, 1)
     root = StoreRoot(s3.url, s3.storage_options, local_dir=tmp_path / "node")
     assert ", store committed at s3://" in run_store_task(source, TOK, root, 0, 1)

@@ -40,6 +40,7 @@ from typing import Any
 
 import xxhash
 
+from lightning_tune_data.cache.cache_counters import CacheCounters
 from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM
 from lightning_tune_data.cache.fingerprints import canonical_json
 from lightning_tune_data.cache.node_room import (
@@ -142,6 +143,8 @@ class NodeShardCache:
         self._index = {name: number for number, name in enumerate(self._names)}
         self._distance_from: Callable[[int, int], Callable[[int], float]] | None = None
         self._position: tuple[int, int] | None = None
+        #: What this cache did, summed over the processes that read it (see :class:`CacheCounters`).
+        self.counters = CacheCounters()
         self._start_here()
 
     def _start_here(self) -> None:
@@ -221,6 +224,18 @@ class NodeShardCache:
         if shard in pins:
             return self.path(shard)
         self._held.readers.register()
+        started = time.monotonic()
+        hit = self._present(shard)
+        try:
+            return self._pin(shard)
+        finally:
+            self.counters.add("hits" if hit else "misses")
+            if not hit:
+                self.counters.add("wait_s", time.monotonic() - started)
+
+    def _pin(self, shard: int) -> Path:
+        """Shard ``shard`` on this node and pinned (what :meth:`acquire` waits for)."""
+        pins = self._held.pins
         while True:
             if self._held.prefetcher is not None:
                 self._held.prefetcher.wait_for(shard)
@@ -298,11 +313,14 @@ class NodeShardCache:
             with room_lock(self.node_folder, LOCK_WAIT_S):
                 fits, used = make_room(self.node_folder, self.budget, size,
                                        lambda contents: eviction_order(contents, self.folder, self._index, self._next_use(),
-                                                                       before))
+                                                                       before),
+                                       lambda item: self.counters.add("evictions"))
                 waited = time.monotonic() - started
                 # already over: only while every holder runs (readers could wait for each other forever)
                 over = not fits and must and waited > ROOM_WAIT_S and (used <= self.budget or not stopped_holders(self.node_folder))
                 if fits or over:
+                    if over:
+                        self.counters.add("over_budget")
                     if over and not self._warned:
                         self._warned = True
                         warnings.warn(
@@ -365,3 +383,4 @@ class NodeShardCache:
             raise _CacheClosed(f"{self.description}: the cache was closed")
         with self._guard:
             self.downloaded_bytes += size
+        self.counters.add("downloaded_bytes", size)

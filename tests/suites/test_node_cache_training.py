@@ -26,6 +26,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_tune_data import LocalDatasetManager, TextDataModule
 from lightning_tune_data.cache.cached_store import CachedStore
 from lightning_tune_data.cache.owners import claimed
+from lightning_tune_data.cache.window_plan import window_need
 from lightning_tune_data.models import TinyCausalLM
 from lightning_tune_data.sources.arrow import ArrowSource
 
@@ -45,11 +46,12 @@ def datamodule(corpus: dict[str, str], s3, node: Path | None, **options: Any) ->
     the same data in a local store instead)."""
     settings = dict(max_seq_len=48, batch_size=4, seed=3, shard_size="1KB", num_workers=0)
     settings.update(options)
+    cache_dir = settings.pop("cache_dir", s3.url)
     managers = {name: LocalDatasetManager(data_files=[path], weight=weight)
                 for (name, path), weight in zip(corpus.items(), (0.6, 0.4))}
     if node is None:
         return TextDataModule({"train": managers}, cache_dir=str(Path(corpus["a"]).parent / "local-cache"), **settings)
-    return TextDataModule({"train": managers}, cache_dir=s3.url, storage_options=s3.storage_options,
+    return TextDataModule({"train": managers}, cache_dir=cache_dir, storage_options=s3.storage_options,
                           local_cache_dir=str(node), **settings)
 
 
@@ -171,17 +173,75 @@ def test_resume_on_a_cold_node_continues_with_exactly_the_uninterrupted_batches(
     assert_same_batches(whole.batches[4:], resumed.batches)
 
 
+def resume(dm: TextDataModule, state: dict, count: int) -> list[dict[str, torch.Tensor]]:
+    dm.load_state_dict(state)
+    return batches(dm, count)
+
+
 @pytest.mark.timeout(300)
-def test_resuming_with_another_shuffle_window_is_refused_naming_the_saved_window(corpus, s3, tmp_path):
+def test_the_same_batches_under_a_budget_whether_one_two_or_four_tasks_wrote_the_store(corpus, s3, tmp_path):
+    from lightning_tune_data import prepare_task
+
+    one_source = {"a": corpus["a"]}
+    runs, shard_counts = [], []
+    for tasks in (1, 2, 4):
+        cache_dir = f"{s3.url}/tasks{tasks}"
+        writer = TextDataModule({"train": {"a": LocalDatasetManager(data_files=[corpus["a"]])}}, cache_dir=cache_dir,
+                                storage_options=s3.storage_options, local_cache_dir=str(tmp_path / f"writer{tasks}"),
+                                max_seq_len=48, shard_size="1KB")
+        for index in range(tasks):
+            prepare_task(writer, index, tasks)
+        dm = set_up(datamodule(one_source, s3, tmp_path / f"node{tasks}", cache_dir=cache_dir, cache_budget="48KB",
+                               packing="best_fit"))
+        store = dm.dataset("train", "a")
+        assert isinstance(store, CachedStore) and store.size > store.budget
+        shard_counts.append(tuple(store.shard_rows.tolist()))
+        runs.append((store.order, batches(dm, 40)))
+    assert len(set(shard_counts)) > 1  # the stores are cut into shards differently
+    assert runs[0][0] == runs[1][0] == runs[2][0]  # ... but read in one order
+    assert_same_batches(runs[0][1], runs[1][1])
+    assert_same_batches(runs[0][1], runs[2][1])
+
+
+@pytest.mark.timeout(300)
+def test_resume_on_a_node_with_a_larger_budget_or_none_continues_exactly_in_the_checkpoints_window(
+        corpus, s3, tmp_path):
     sizes = write_store(corpus, s3, tmp_path)
-    budget = max(sizes.values()) // 2
-    first = set_up(datamodule(corpus, s3, tmp_path / "node", cache_budget=budget, shuffle_window=2))
-    batches(first, 3)
+    first = set_up(datamodule(corpus, s3, tmp_path / "small", cache_budget="40KB", packing="best_fit"))
+    windows = {name: first.dataset("train", name).window for name in ROWS}
+    whole = batches(first, 12)
+    first = set_up(datamodule(corpus, s3, tmp_path / "small", cache_budget="40KB", packing="best_fit"))
+    batches(first, 4)
     state = first.state_dict()
-    other = set_up(datamodule(corpus, s3, tmp_path / "node", cache_budget=budget, shuffle_window=3))
-    other.load_state_dict(state)
-    with pytest.raises(ValueError, match=r"shuffle window of 2 .*set shuffle_window: 2"):
-        batches(other, 1)
+    larger = set_up(datamodule(corpus, s3, tmp_path / "large", cache_budget=sum(sizes.values()) // 2,
+                               packing="best_fit"))
+    assert all(larger.dataset("train", name).window > windows[name] for name in ROWS)  # its own would be larger
+    assert_same_batches(resume(larger, state, 8), whole[4:])
+    assert {name: larger.dataset("train", name).window for name in ROWS} == windows  # the checkpoint's
+    unbudgeted = set_up(datamodule(corpus, s3, tmp_path / "whole", packing="best_fit"))  # stores copied whole
+    assert_same_batches(resume(unbudgeted, state, 8), whole[4:])
+
+
+@pytest.mark.timeout(300)
+def test_a_smaller_budget_resumes_when_it_holds_the_window_and_is_refused_naming_the_size_when_it_cannot(
+        corpus, s3, tmp_path):
+    write_store(corpus, s3, tmp_path)
+    first = set_up(datamodule(corpus, s3, tmp_path / "large", cache_budget="80KB", packing="best_fit"))
+    whole = batches(first, 10)
+    first = set_up(datamodule(corpus, s3, tmp_path / "large", cache_budget="80KB", packing="best_fit"))
+    batches(first, 4)
+    state = first.state_dict()
+    stores = [first.dataset("train", name) for name in ROWS]
+    need = max(window_need(store.shard_starts, store.shard_sizes, store.order) for store in stores)
+    assert 2 * need < 80_000  # two train stores share the budget: each needs its window's shards
+    smaller = set_up(datamodule(corpus, s3, tmp_path / "smaller", cache_budget=2 * need, packing="best_fit"))
+    assert_same_batches(resume(smaller, state, 6), whole[4:])
+    tiny = set_up(datamodule(corpus, s3, tmp_path / "tiny", cache_budget="24KB", packing="best_fit"))
+    with pytest.raises(ValueError) as refused:
+        resume(tiny, state, 1)
+    message = str(refused.value)
+    assert "cannot hold a shuffle window of" in message and "Raise cache_budget to at least" in message
+    assert "resume_data_state: false" in message and "set shuffle_window" not in message and "\n" not in message
 
 
 # -- errors -------------------------------------------------------------------------------------------

@@ -249,10 +249,11 @@ def test_a_smaller_budget_resumes_when_it_holds_the_window_and_is_refused_naming
 def test_a_budget_too_small_for_a_window_and_its_prefetch_fails_in_setup_naming_the_fix(corpus, s3, tmp_path):
     write_store(corpus, s3, tmp_path)
     small = datamodule(corpus, s3, tmp_path / "node", cache_budget="1KB")
-    with pytest.raises(ValueError, match=r"cache_budget 1.0 KB cannot hold a shuffle window of 1 shard.*Raise cache_budget"):
+    with pytest.raises(ValueError, match=r"cache_budget 1.0 KB cannot hold a shuffle window of 1 rows .*Raise cache_budget "
+                                         r"to at least .*, or prepare the store with a smaller shard_size"):
         set_up(small)
     explicit = datamodule(corpus, s3, tmp_path / "node", cache_budget="8KB", shuffle_window=50)
-    with pytest.raises(ValueError, match="shuffle window of 50 shard.*or lower shuffle_window"):
+    with pytest.raises(ValueError, match="shuffle window of 50 rows .*Raise cache_budget to at least .*, or lower shuffle_window"):
         set_up(explicit)
 
 
@@ -321,10 +322,10 @@ def test_two_ddp_ranks_of_a_node_share_its_shard_cache_and_download_each_shard_o
 @pytest.mark.timeout(300)
 def test_evicting_refetching_and_copying_out_held_documents_never_changes_a_batch(corpus, s3, tmp_path):
     sizes = write_store(corpus, s3, tmp_path)
-    options = dict(shuffle_window=1, num_workers=0, packing="best_fit")
+    options = dict(shuffle_window=4, num_workers=0, packing="best_fit")
     roomy = set_up(datamodule(corpus, s3, tmp_path / "roomy", cache_budget=int(min(sizes.values()) * 0.9), **options))
-    tight = set_up(datamodule(corpus, s3, tmp_path / "tight", cache_budget=min(sizes.values()) // 6, **options))
-    assert all(isinstance(dm.dataset("train", name), CachedStore) and dm.dataset("train", name).window == 1
+    tight = set_up(datamodule(corpus, s3, tmp_path / "tight", cache_budget=min(sizes.values()) // 2, **options))
+    assert all(isinstance(dm.dataset("train", name), CachedStore) and dm.dataset("train", name).window == 4
                for dm in (roomy, tight) for name in ROWS)  # the same order
     before = set(prefetch_threads())  # of datamodules of earlier tests not collected yet
     assert_same_batches(batches(roomy, 120), batches(tight, 120))

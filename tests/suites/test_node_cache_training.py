@@ -334,3 +334,45 @@ def test_evicting_refetching_and_copying_out_held_documents_never_changes_a_batc
         dm.teardown("fit")  # the end of a trial in a sweep, or of a notebook's run
     assert not set(prefetch_threads()) - before
     assert all(dm.dataset("train", name).pinned() == [] for dm in (roomy, tight) for name in ROWS)
+
+
+# -- watching the cache -------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_cache_metrics_of_every_dataloader_worker_reach_metrics_csv_and_the_report(corpus, s3, tmp_path, caplog):
+    import logging
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lightning_tune_data import DatasetMetricsCallback
+    from lightning_tune_data.report.write import read_metrics_csv, write_metrics_report
+
+    sizes = write_store(corpus, s3, tmp_path)
+    commits = {name: json.loads(s3.get(key)) for name in ROWS for key in s3.keys()
+               if key.startswith(f"{name}-") and key.endswith("_COMPLETE.json")}
+    shard_sizes = {f"{name}/{path}": entry["size"] for name, content in commits.items()
+                   for path, entry in content["files"].items() if path.startswith("shards/")}
+    before = len(s3.requests.log)
+    dm = datamodule(corpus, s3, tmp_path / "node", cache_budget=max(sizes.values()) // 2, num_workers=2,
+                    packing="best_fit")
+    with caplog.at_level(logging.INFO, logger="lightning_tune_data.cache.store"):
+        dm.prepare_data()
+    plans = [record.getMessage() for record in caplog.records if "through the node's shard cache" in record.getMessage()]
+    assert len(plans) == 2 and all("shuffle window of" in line and "downloads per pass at most" in line for line in plans)
+    trainer = Trainer(accelerator="cpu", max_steps=8, logger=CSVLogger(tmp_path / "logs", name="run"), log_every_n_steps=4,
+                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                      enable_checkpointing=False, callbacks=[DatasetMetricsCallback(log_every_n_steps=4)])
+    trainer.fit(TinyCausalLM(vocab_size=dm.vocab_size, max_seq_len=48, d_model=16, n_layers=1, n_heads=2), datamodule=dm)
+    [csv_path] = (tmp_path / "logs").rglob("metrics.csv")
+    last: dict[str, float] = {}
+    for row in read_metrics_csv(csv_path):
+        last.update(row)
+    fetched = sum(shard_sizes[f"{name}/{path.split(name + '-', 1)[1].split('/', 1)[1]}"]
+                  for method, path in s3.requests.log[before:] if method == "GET" and "/shards/" in path
+                  for name in ROWS if f"/{name}-" in path)
+    # the workers read every shard; the main process none: their counts are what reached the log
+    assert sum(last[f"cache/{name}/downloaded_bytes"] for name in ROWS) == fetched > 0
+    assert all(last[f"cache/{name}/misses"] > 0 and f"cache/{name}/hits" in last for name in ROWS)
+    assert all(f"cache/{name}/{metric}" in last for name in ROWS for metric in ("evictions", "wait_s", "over_budget"))
+    markdown = write_metrics_report(csv_path, tmp_path / "report").read_text(encoding="utf-8")
+    assert "## Node shard cache" in markdown and "| a | " in markdown and "| b | " in markdown

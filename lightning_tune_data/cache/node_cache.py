@@ -111,6 +111,21 @@ def _partial_bytes(target: Path) -> int:
     return total
 
 
+def _over_budget(cache: NodeShardCache, total: int) -> str:
+    """The warning of a reader going over the budget by a shard (``total`` bytes then)."""
+    return (f"{cache.description}: the node's shard cache at {cache.node_folder} goes over its budget by one shard "
+            f"({human_size(total)} > {human_size(cache.budget)}): readers on this node hold every cached shard. Raise "
+            "cache_budget or lower shuffle_window.")
+
+
+def _no_room(cache: NodeShardCache, waited: float, size: int, used: int) -> str:
+    """The error of a reader that waited too long for ``size`` bytes of room."""
+    return (f"{cache.description}: waited {waited:.0f} s for {human_size(size)} of room in the node's shard cache at "
+            f"{cache.node_folder} ({human_size(used)} used of a {human_size(cache.budget)} cache_budget): readers of "
+            f"this node hold every cached shard ({holders(cache.node_folder)}), a stopped one among them, and the cache "
+            "is already over the budget. Resume or end the stopped process, raise cache_budget or lower shuffle_window.")
+
+
 def _close_if_alive(held: weakref.ref[_Held]) -> None:
     alive = held()
     if alive is not None:
@@ -143,8 +158,7 @@ class NodeShardCache:
         self._index = {name: number for number, name in enumerate(self._names)}
         self._distance_from: Callable[[int, int], Callable[[int], float]] | None = None
         self._position: tuple[int, int] | None = None
-        #: What this cache did, summed over the processes that read it (see :class:`CacheCounters`).
-        self.counters = CacheCounters()
+        self.counters = CacheCounters()  # what it did, in every process that reads it
         self._start_here()
 
     def _start_here(self) -> None:
@@ -224,18 +238,8 @@ class NodeShardCache:
         if shard in pins:
             return self.path(shard)
         self._held.readers.register()
-        started = time.monotonic()
-        hit = self._present(shard)
-        try:
-            return self._pin(shard)
-        finally:
-            self.counters.add("hits" if hit else "misses")
-            if not hit:
-                self.counters.add("wait_s", time.monotonic() - started)
-
-    def _pin(self, shard: int) -> Path:
-        """Shard ``shard`` on this node and pinned (what :meth:`acquire` waits for)."""
-        pins = self._held.pins
+        started, hit = time.monotonic(), self._present(shard)
+        self.counters.add("hits" if hit else "misses")
         while True:
             if self._held.prefetcher is not None:
                 self._held.prefetcher.wait_for(shard)
@@ -254,6 +258,8 @@ class NodeShardCache:
                 os.close(fd)
                 continue
             pins[shard] = hold(fd)
+            if not hit:
+                self.counters.add("wait_s", time.monotonic() - started)
             return path
 
     def release(self, shard: int) -> None:
@@ -323,10 +329,7 @@ class NodeShardCache:
                         self.counters.add("over_budget")
                     if over and not self._warned:
                         self._warned = True
-                        warnings.warn(
-                            f"{self.description}: the node's shard cache at {self.node_folder} goes over its budget by "
-                            f"one shard ({human_size(used + size)} > {human_size(self.budget)}): readers on this node "
-                            "hold every cached shard. Raise cache_budget or lower shuffle_window.", stacklevel=4)
+                        warnings.warn(_over_budget(self, used + size), stacklevel=4)
                     partial = target.with_name(f"{target.name}{PARTIAL_TAG}{size}-{uuid.uuid4().hex[:8]}")
                     return partial, claim(partial)
             if not must:
@@ -334,12 +337,7 @@ class NodeShardCache:
             if self.on_room_needed is not None:
                 self.on_room_needed()
             if waited > ROOM_WAIT_S + LOCK_WAIT_S:
-                raise LockWaitTimeout(
-                    f"{self.description}: waited {waited:.0f} s for {human_size(size)} of room in the node's shard cache "
-                    f"at {self.node_folder} ({human_size(used)} used of a {human_size(self.budget)} cache_budget): "
-                    f"readers of this node hold every cached shard ({holders(self.node_folder)}), a stopped one among "
-                    "them, and the cache is already over the budget. Resume or end the stopped process, raise "
-                    "cache_budget or lower shuffle_window.")
+                raise LockWaitTimeout(_no_room(self, waited, size, used))
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
 

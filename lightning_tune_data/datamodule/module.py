@@ -29,7 +29,6 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch import LightningDataModule
 
-from lightning_tune_data.cache.cached_store import CachedStore
 from lightning_tune_data.cache.checksums import VerifyMode
 from lightning_tune_data.cache.root import BuildStores, StoreRoot, default_local_cache_dir
 from lightning_tune_data.collate import PackedCollator, PaddedCollator
@@ -297,13 +296,6 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
     def predict_dataloader(self) -> list[torch.utils.data.DataLoader]:
         """One loader per predict manager, in config order."""
         return self._eval_loaders("predict")
-
-    def cache_metrics(self) -> dict[str, float]:
-        """What the node's shard cache did for each train store read through it, as
-        ``cache/<source>/<metric>`` (:data:`~lightning_tune_data.cache.cache_counters.CACHE_METRICS`),
-        summed over this rank's processes (its dataloader workers included) since setup."""
-        return {f"cache/{name}/{metric}": value for name, dataset in self._datasets["train"].items()
-                if isinstance(dataset, CachedStore) for metric, value in dataset.cache.counters.totals().items()}
 
     def data_signature(self) -> dict[str, Any]:
         """What a checkpoint's data state depends on; compared on resume."""

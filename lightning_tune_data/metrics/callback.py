@@ -18,6 +18,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from lightning_tune_data.cache.cached_store import CachedStore
 from lightning_tune_data.distributed import current_rank_and_world_size
 from lightning_tune_data.keys import PROVENANCE
 from lightning_tune_data.metrics.aggregator import DatasetMetricsAggregator
@@ -41,15 +42,23 @@ def scheduled_targets(trainer: pl.Trainer) -> dict[str, float] | None:
 
 def cache_metrics(trainer: pl.Trainer, distributed: bool) -> dict[str, float]:
     """``cache/<source>/<metric>`` of the train stores read through the nodes' shard caches
-    (``trainer.datamodule.cache_metrics()``), summed over every rank (a collective when
-    ``distributed``: every rank calls it at the same step); ``{}`` without such stores.
+    (:data:`~lightning_tune_data.cache.cache_counters.CACHE_METRICS`, counted in every dataloader
+    worker since ``setup``), summed over every rank (a collective when ``distributed``: every rank
+    calls it at the same step); ``{}`` without such stores.
 
     Args:
-        trainer: the trainer, whose datamodule may have ``cache_metrics``.
+        trainer: the trainer, whose datamodule's train sources are looked at.
         distributed: sum across the ranks.
     """
-    read = getattr(getattr(trainer, "datamodule", None), "cache_metrics", None)
-    values: dict[str, float] = dict(read()) if callable(read) else {}
+    datamodule = getattr(trainer, "datamodule", None)
+    values: dict[str, float] = {}
+    for name in getattr(datamodule, "train_source_weights", None) or {}:
+        try:
+            store = datamodule.dataset("train", name)
+        except (AttributeError, KeyError, RuntimeError):
+            continue
+        if isinstance(store, CachedStore):
+            values.update({f"cache/{name}/{metric}": value for metric, value in store.cache.counters.totals().items()})
     if distributed and dist.is_available() and dist.is_initialized():
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, values)

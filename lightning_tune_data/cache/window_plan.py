@@ -22,7 +22,7 @@ from lightning_tune_data.cache.sizes import human_size
 from lightning_tune_data.keys import ORDER_BLOCK as _BLOCK
 from lightning_tune_data.keys import ORDER_WINDOW as _WINDOW
 
-__all__ = ["WINDOWS_KEPT", "WINDOWS_PER_BUDGET", "block_spans", "check_window", "pass_downloads", "plan_window",
+__all__ = ["SHARDS_PER_BLOCK", "WINDOWS_KEPT", "WINDOWS_PER_BUDGET", "block_spans", "check_window", "pass_downloads", "plan_window",
            "window_need"]
 
 #: A window holds this share of the budget by default (an eighth): the window being read and the
@@ -31,6 +31,9 @@ __all__ = ["WINDOWS_KEPT", "WINDOWS_PER_BUDGET", "block_spans", "check_window", 
 WINDOWS_PER_BUDGET = 8
 #: Windows a reader keeps at once: the one being read and the next (fetched ahead).
 WINDOWS_KEPT = 2
+#: A block holds about this many ``shard_size`` of rows: a block's two edges cut at most two
+#: shards, so a pass downloads at most about 1.5 times the store.
+SHARDS_PER_BLOCK = 4
 
 
 def block_spans(shard_starts: np.ndarray, shard_sizes: np.ndarray, block_rows: int) -> np.ndarray:
@@ -76,7 +79,8 @@ def plan_window(shard_rows: list[int], shard_sizes: list[int], tokens: int, shar
                 shard_bytes: int, description: str, sharers: int = 1) -> dict[str, int]:
     """The blocks and windows of a store read through ``share`` bytes of the node cache.
 
-    Blocks hold about ``shard_bytes`` of rows (less when a window of the budget is smaller).
+    Blocks hold about :data:`SHARDS_PER_BLOCK` ``shard_bytes`` of rows (a window of one block of
+    consecutive rows when the window is smaller).
     Without ``configured``, a window holds about an eighth of ``share`` (:data:`WINDOWS_PER_BUDGET`),
     and fewer blocks when the shards holding them would not fit (never blocks smaller than that:
     a window of a few rows would fetch a shard for every few rows).
@@ -95,7 +99,7 @@ def plan_window(shard_rows: list[int], shard_sizes: list[int], tokens: int, shar
     """
     rows = int(sum(shard_rows))
     row_bytes = _row_bytes(rows, tokens, int(sum(shard_sizes)))
-    block = int(min(rows, max(1, shard_bytes // row_bytes)))
+    block = int(min(rows, max(1, SHARDS_PER_BLOCK * shard_bytes // row_bytes)))
     if configured is not None:
         if configured < 1:
             raise ValueError(f"{description}: shuffle_window must be >= 1 row, got {configured}.")

@@ -35,13 +35,16 @@ def test_the_derived_plan_is_the_same_whatever_the_shard_cut():
     assert plan_window(*ONE_TASK, TOKENS, 80_000, None, 10_000, "train/a") == {"block_rows": 100, "window_blocks": 1}
 
 
-def test_a_larger_budget_gives_a_larger_window_of_blocks_of_about_shard_size():
+def test_a_larger_budget_gives_a_larger_window_of_blocks_of_about_four_shard_sizes():
     plan = plan_window([100] * 100, [10_000] * 100, 250_000, 800_000, None, 10_000, "train/a")
-    assert plan == {"block_rows": 100, "window_blocks": 10}  # an eighth of the budget: 100 KB of rows
+    assert plan == {"block_rows": 400, "window_blocks": 2}  # about an eighth of the budget: 80 KB of rows
+    plan = plan_window([100] * 1000, [10_000] * 1000, 2_500_000, 8_000_000, None, 10_000, "train/a")
+    assert plan == {"block_rows": 400, "window_blocks": 25}
 
 
 def test_a_configured_window_in_rows_is_kept_when_the_budget_holds_it():
-    assert plan_window(*ONE_TASK, TOKENS, 60_000, 200, 10_000, "train/a") == {"block_rows": 100, "window_blocks": 2}
+    assert plan_window(*ONE_TASK, TOKENS, 100_000, 800, 10_000, "train/a") == {"block_rows": 400, "window_blocks": 2}
+    assert plan_window(*ONE_TASK, TOKENS, 60_000, 200, 10_000, "train/a") == {"block_rows": 200, "window_blocks": 1}
     assert plan_window(*ONE_TASK, TOKENS, 60_000, 30, 10_000, "train/a") == {"block_rows": 30, "window_blocks": 1}
 
 
@@ -49,7 +52,7 @@ def test_a_budget_that_cannot_hold_the_window_names_the_budget_needed():
     with pytest.raises(ValueError) as error:
         plan_window(*ONE_TASK, TOKENS, 50_000, 300, 10_000, "train/a")
     assert str(error.value) == (
-        "train/a: cache_budget 50.0 KB cannot hold a shuffle window of 300 rows (3 blocks of 100 rows) and the next "
+        "train/a: cache_budget 50.0 KB cannot hold a shuffle window of 300 rows (1 block of 300 rows) and the next "
         "window fetched ahead: their shards take up to 60.0 KB. Raise cache_budget to at least 60.0 KB, or lower "
         "shuffle_window.")
     with pytest.raises(ValueError, match=r"shared by 2 train stores: 15.0 KB each.*at least 80.0 KB, or prepare the "

@@ -236,7 +236,7 @@ def test_a_smaller_budget_resumes_when_it_holds_the_window_and_is_refused_naming
     assert 2 * need < 80_000  # two train stores share the budget: each needs its window's shards
     smaller = set_up(datamodule(corpus, s3, tmp_path / "smaller", cache_budget=2 * need, packing="best_fit"))
     assert_same_batches(resume(smaller, state, 6), whole[4:])
-    tiny = set_up(datamodule(corpus, s3, tmp_path / "tiny", cache_budget="24KB", packing="best_fit"))
+    tiny = set_up(datamodule(corpus, s3, tmp_path / "tiny", cache_budget=need, packing="best_fit"))  # half of it each
     with pytest.raises(ValueError) as refused:
         resume(tiny, state, 1)
     message = str(refused.value)

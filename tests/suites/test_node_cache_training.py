@@ -279,7 +279,7 @@ def test_the_windowed_order_keeps_consecutive_documents_apart_within_a_window(co
 # -- two ranks of one node ----------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_two_ddp_ranks_of_a_node_share_its_shard_cache_and_download_each_shard_once_in_a_pass(corpus, s3, tmp_path):
+def test_two_ddp_ranks_of_a_node_share_its_shard_cache_and_download_each_shard_at_most_once_per_window(corpus, s3, tmp_path):
     import os
     import subprocess
     import sys
@@ -316,7 +316,9 @@ def test_two_ddp_ranks_of_a_node_share_its_shard_cache_and_download_each_shard_o
         if method == "GET" and "/shards/" in path and s3.prefix in path:
             gets[path] = gets.get(path, 0) + 1
     fetched = {path: count - before.get(path, 0) for path, count in gets.items() if count > before.get(path, 0)}
-    assert fetched and max(fetched.values()) == 1, fetched  # every shard reached this node once
+    # the ranks never download a shard twice for one window; a shard cut by a block's edge serves two
+    # windows and may be fetched for each (at most 1.5x the shards per pass)
+    assert fetched and max(fetched.values()) <= 2 and sum(fetched.values()) <= 1.5 * len(fetched), fetched
 
 
 @pytest.mark.timeout(300)

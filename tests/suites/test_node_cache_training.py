@@ -316,9 +316,9 @@ def test_two_ddp_ranks_of_a_node_share_its_shard_cache_and_download_each_shard_a
         if method == "GET" and "/shards/" in path and s3.prefix in path:
             gets[path] = gets.get(path, 0) + 1
     fetched = {path: count - before.get(path, 0) for path, count in gets.items() if count > before.get(path, 0)}
-    # the ranks never download a shard twice for one window; a shard cut by a block's edge serves two
-    # windows and may be fetched for each (at most 1.5x the shards per pass)
-    assert fetched and max(fetched.values()) <= 2 and sum(fetched.values()) <= 1.5 * len(fetched), fetched
+    # the ranks share every download; a shard cut by blocks' edges serves the windows of those blocks and
+    # may be fetched for each (here blocks are a few rows, shards 4: up to 3), about 1.2x the shards in all
+    assert fetched and max(fetched.values()) <= 3 and sum(fetched.values()) <= 1.5 * len(fetched), fetched
 
 
 @pytest.mark.timeout(300)

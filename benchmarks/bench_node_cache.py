@@ -25,7 +25,7 @@ repeat):
    to ``local_cache_dir`` and memory-mapped like a local store: warm after the first run);
    S3 with a budget of 97 % of the store (read windowed, shard by shard; almost every shard stays
    cached, so this isolates the windowed read path from downloading); S3 with a budget of 25 % of
-   the store (windowed, default ``shuffle_window`` = budget / 4, so the cache holds 4 windows;
+   the store (windowed, default ``shuffle_window``: what an eighth of the budget holds;
    every pass downloads the store). Goal >= 0.8x of the local-disk store.
 2. Cold first-batch latency: fresh ``local_cache_dir``, a new ``TextDataModule``'s
    ``prepare_data()`` + ``setup("fit")`` + ``train_dataloader()`` + first batch, budget 25 %,
@@ -241,7 +241,7 @@ def run(ctx) -> list:
         sizes = np.array([int(entry["size"]) for entry in store.shards], dtype=np.int64)
         log(f"node_cache: {docs:,} docs, {meta['tokens']:,} tokens, {store.num_shards} shards "
             f"({sizes.min() / 1e6:.2f}-{sizes.max() / 1e6:.2f} MB, {store_bytes / 1e6:.1f} MB); local + S3 stores "
-            f"ready in {t_prep:.1f}s; 25% budget {budgets['25%'] / 1e6:.1f} MB -> window {window} shards")
+            f"ready in {t_prep:.1f}s; 25% budget {budgets['25%'] / 1e6:.1f} MB -> window {window} rows")
         what = (f"{docs:,} docs, {store_bytes / 1e6:.0f} MB in {store.num_shards} shards of "
                 f"{np.median(sizes) / 1e6:.2g} MB (max {sizes.max() / 1e6:.2g})")
         results += _throughput(ctx, remote, local, budgets, store_bytes, what, s3, Result, log, median)
@@ -325,8 +325,14 @@ def _first_windows(store, sizes: np.ndarray):
     from lightning_tune_data.sources.permutation import permutation_key
     from lightning_tune_data.sources.windowed_order import WindowedPermutation
 
-    order = WindowedPermutation(store.shard_rows, store.window, permutation_key(SEED, SOURCE, 0))
-    return order, int(sizes[order.shards_of_window(0)].sum()), int(sizes[order.shards_of_window(1)].sum())
+    from lightning_tune_data.sources.sharded_column import WindowReads
+
+    order = WindowedPermutation(len(store), store.order["block_rows"], store.order["window_blocks"],
+                                permutation_key(SEED, SOURCE, 0))
+    reads = WindowReads(store, lambda epoch: order, [])
+    order.first_shards = reads.shards_of_window(order, 0)
+    return (order, int(sizes[order.first_shards].sum()),
+            int(sizes[reads.shards_of_window(order, 1) if order.num_windows > 1 else []].sum()))
 
 
 def _cold(ctx, remote, budgets, store, sizes, what, s3, root, Result, log, median) -> list:
@@ -359,7 +365,7 @@ def _cold(ctx, remote, budgets, store, sizes, what, s3, root, Result, log, media
             "same, no budget (whole store downloaded first)", base, "waits for <= the first window",
             median(sent["windowed"]) <= first + second, repeats=seconds["windowed"],
             note=(f"shard bytes served until the first batch: {median(sent['windowed']) / 1e6:.2f} MB windowed "
-                  f"(first window {first / 1e6:.2f} MB in {store.window} shards, first two {(first + second) / 1e6:.2f} MB: "
+                  f"(first window {first / 1e6:.2f} MB in {len(_first_windows(store, sizes)[0].first_shards)} shards, first two {(first + second) / 1e6:.2f} MB: "
                   f"the next window is fetched ahead while the first is read), {median(sent['whole']) / 1e6:.1f} MB "
                   f"whole (store {store.size / 1e6:.1f} MB, so the stand-in serves >= {store.size / 1e6 / base:.0f} MB/s); "
                   "'met' checks bytes served <= first two windows")))
@@ -386,7 +392,7 @@ def _per_pass(ctx, remote, budgets, store, sizes, what, s3, root, Result, log) -
                 provenance = batch["provenance"]
                 if pinned_ok is None and workers == 0:  # the reader pins the shards it reads (prefetches are not pinned)
                     pinned = dm.dataset("train", SOURCE).pinned()
-                    pinned_ok = bool(pinned) and set(pinned) <= set(order.shards_of_window(0).tolist())
+                    pinned_ok = bool(pinned) and set(pinned) <= set(order.first_shards)
                 if at_pass_two is None and max(provenance[EPOCH]) >= 1:
                     at_pass_two = s3.shard_bytes() - before
                 seen += len(provenance[EPOCH])
@@ -396,7 +402,7 @@ def _per_pass(ctx, remote, budgets, store, sizes, what, s3, root, Result, log) -
         total = s3.shard_bytes() - before
         per_pass = total / 2
         log(f"node_cache: 2 passes, {workers}w: {total / 1e6:.1f} MB in {elapsed:.1f}s, peak disk {peak.peak / 1e6:.1f} MB")
-        config = f"unpacked, {workers} workers, budget 25% ({store.window}-shard windows), 2 passes; {what}"
+        config = f"unpacked, {workers} workers, budget 25% ({store.window}-row windows), 2 passes; {what}"
         results.append(Result(
             "13 node cache", config, "shard bytes downloaded per pass (server GET bytes / 2)", per_pass / 1e6, "MB",
             "store bytes (every shard read once a pass)", store.size / 1e6, "<= 1.1x", per_pass <= 1.1 * store.size,
@@ -423,17 +429,19 @@ def _locality(store, budgets, what, Result) -> list:
     key = permutation_key(SEED, SOURCE, 0)
     full = locality(KeyedPermutation(rows, key)(positions), store.shard_starts)
     results = []
-    for window in sorted({store.window, 1}, reverse=True):
-        windowed = locality(WindowedPermutation(store.shard_rows, window, key)(positions), store.shard_starts)
-        config = (f"one pass of {rows:,} rows, {window}-shard windows"
-                  + (" (budget 25%)" if window == store.window else "") + f"; {what}")
+    block = store.order["block_rows"]
+    for blocks in sorted({store.order["window_blocks"], 1}, reverse=True):
+        window = block * blocks
+        windowed = locality(WindowedPermutation(rows, block, blocks, key)(positions), store.shard_starts)
+        config = (f"one pass of {rows:,} rows, windows of {blocks} blocks of {block:,} rows"
+                  + (" (budget 25%)" if blocks == store.order["window_blocks"] else "") + f"; {what}")
         for metric, field, unit in (("median |row distance| of consecutive documents", "median", "rows"),
                                     ("mean |row distance| of consecutive documents", "mean", "rows"),
                                     ("consecutive documents from the same shard", "same_shard", "share")):
             results.append(Result("13 node cache", config, f"shuffle locality: {metric}", windowed[field], unit,
                                   "full shuffle (KeyedPermutation)", full[field],
                                   note=(f"rows per shard {store.shard_rows.mean():.0f} (mean); a window holds "
-                                        f"{window * store.shard_rows.mean():.0f} rows of {rows:,}")
+                                        f"{window:,} rows of {rows:,}")
                                   if field == "median" else ""))
     return results
 

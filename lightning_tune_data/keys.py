@@ -91,6 +91,10 @@ TOKEN_DTYPES: tuple[str, ...] = TokenDtype.__args__
 #: A document of a store read shard by shard is at ``shard << SHARD_BITS | position in that
 #: shard's flat token values`` (a shard's values span less than 2**40 items).
 SHARD_BITS = 40
+#: The order of a store read through the node cache, saved with a source's position: rows per
+#: block, and blocks per shuffle window (see ``sources/windowed_order.py``).
+ORDER_BLOCK = "block_rows"
+ORDER_WINDOW = "window_blocks"
 
 ScheduleUnit = Literal["steps", "tokens"]
 #: What the ``at`` of a mixture schedule's point counts: optimizer steps, or train tokens drawn.

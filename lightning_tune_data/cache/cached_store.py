@@ -4,8 +4,9 @@ It stands where a memory-mapped ``datasets.Dataset`` stands for a store on this 
 the store's rows (every shard's row count is in the commit, so nothing is downloaded to know
 them) and opens a shard only when a reader asks for one of its rows, through a
 :class:`~lightning_tune_data.cache.node_cache.NodeShardCache` made in the process that reads.
-``window`` is how many shards the shuffle mixes at a time (see
-:mod:`lightning_tune_data.sources.windowed_order`).
+``order`` is how the shuffle mixes its rows: windows of blocks of rows (see
+:mod:`lightning_tune_data.cache.window_plan`), chosen when a run starts and taken from the
+checkpoint when it resumes (:meth:`CachedStore.adopt_order`).
 """
 
 from __future__ import annotations
@@ -23,48 +24,10 @@ from lightning_tune_data.cache.owners import after_fork_in_child
 from lightning_tune_data.cache.shard_fetch import FetchRetries
 from lightning_tune_data.cache.sizes import human_size
 from lightning_tune_data.cache.store_files import StoreFiles
+from lightning_tune_data.cache.window_plan import check_window, pass_downloads
+from lightning_tune_data.keys import ORDER_BLOCK, ORDER_WINDOW
 
-__all__ = ["CachedStore", "shuffle_window_for"]
-
-#: A budget holds this many windows by default: the window being read, the next one (fetched
-#: ahead) and room for readers of a node that are a window apart.
-WINDOWS_PER_BUDGET = 4
-#: Windows a reader keeps at once: the one being read and the next (fetched ahead).
-WINDOWS_KEPT = 2
-
-
-def shuffle_window_for(shard_sizes: list[int], budget: int, window: int | None, description: str,
-                       sharers: int = 1) -> int:
-    """Shards per shuffle window for a store read through ``budget`` bytes.
-
-    Args:
-        shard_sizes: every shard's size in bytes.
-        budget: the store's share of the node cache's budget.
-        window: the window asked for; ``None`` derives it (a quarter of the budget's shards).
-        description: names the source in errors.
-        sharers: how many train stores share the node's ``cache_budget`` (for the message).
-
-    Raises:
-        ValueError: the budget cannot hold the windows a reader keeps (:data:`WINDOWS_KEPT`).
-    """
-    largest = max(shard_sizes)
-    fitting = budget // largest
-    if window is None:
-        window = max(1, fitting // WINDOWS_PER_BUDGET)
-    if window < 1:
-        raise ValueError(f"{description}: shuffle_window must be >= 1 shard, got {window}.")
-    needed = WINDOWS_KEPT * window * largest
-    if needed > budget:
-        size = human_size if human_size(budget) != human_size(needed) else (lambda count: f"{count:,} bytes")
-        shared = (f" (cache_budget is the node's, shared by {sharers} train stores: {size(budget)} each)"
-                  if sharers > 1 else "")
-        raise ValueError(
-            f"{description}: cache_budget {size(budget * sharers)} cannot hold a shuffle window of {window} shard(s) and "
-            f"the next window fetched ahead ({WINDOWS_KEPT * window} shards of up to {human_size(largest)}: "
-            f"{size(needed)}){shared}. Raise cache_budget to at least {size(needed * sharers)}, or lower shuffle_window"
-            + ("." if window > 1 else " (it is already 1 shard: the store's shards are large; prepare it with a smaller shard_size).")
-        )
-    return int(window)
+__all__ = ["CachedStore"]
 
 
 _STORES: weakref.WeakSet[CachedStore] = weakref.WeakSet()  # the stores read in this process
@@ -85,22 +48,24 @@ class CachedStore:
         content: its commit.
         folder: the node's shard cache folder (``<local_cache_dir>/shard-cache``).
         budget: bytes of shards the node keeps (every store read shard by shard).
-        window: shards per shuffle window.
+        order: the shuffle's blocks and windows (``{"block_rows": B, "window_blocks": W}``).
         description: names the source in messages.
         retries: how failing reads of a shard are retried.
         share: this store's share of the budget (what its windows and fetches ahead are sized
             to; default: all of it).
     """
 
-    def __init__(self, files: StoreFiles, content: dict[str, Any], folder: Path, budget: int, window: int,
-                 description: str, retries: FetchRetries = FetchRetries(), share: int | None = None) -> None:
+    def __init__(self, files: StoreFiles, content: dict[str, Any], folder: Path, budget: int, order: dict[str, int],
+                 description: str, retries: FetchRetries = FetchRetries(), share: int | None = None,
+                 sharers: int = 1) -> None:
         store = content["store"]
         recorded = content.get("files") or {}
         self.shards = [{**recorded[entry["path"]], **entry} for entry in store["shards"]]
         self.columns = list(store.get("columns") or [])
-        self.window = int(window)
+        self.order = {key: int(value) for key, value in order.items()}
         self.budget = int(budget)
         self.share = int(budget if share is None else share)
+        self.sharers = int(sharers)
         self.description = description
         self.shard_rows = np.array([int(entry["rows"]) for entry in self.shards], dtype=np.int64)
         self.shard_starts = np.concatenate([[0], np.cumsum(self.shard_rows)]).astype(np.int64)
@@ -134,6 +99,49 @@ class CachedStore:
 
     def __len__(self) -> int:
         return int(self.shard_starts[-1])
+
+    @property
+    def window(self) -> int:
+        """Rows a shuffle window mixes."""
+        return self.order[ORDER_BLOCK] * self.order[ORDER_WINDOW]
+
+    @property
+    def shard_sizes(self) -> np.ndarray:
+        """Every shard's bytes."""
+        return np.array([int(entry["size"]) for entry in self.shards], dtype=np.int64)
+
+    def adopt_order(self, order: dict[str, int] | None) -> None:
+        """Read the store in ``order`` (a checkpoint's), when this node's budget share holds it.
+
+        Args:
+            order: the saved blocks and windows; ``None``: the full shuffle of a store read whole.
+
+        Raises:
+            ValueError: the budget cannot hold the order's window and the next one (naming the
+                budget needed), or the order is the full shuffle (it needs the whole store).
+        """
+        if order is None:
+            raise ValueError(
+                f"{self.description}: the checkpoint was written reading the whole store ({human_size(self.size)}), in "
+                f"its full shuffle, but this node's cache_budget gives it {human_size(self.share)}; the same position "
+                f"would mean other rows. Raise cache_budget to at least {human_size(self.size * self.sharers)} to "
+                "resume exactly, or resume with `resume_data_state: false` to start the data from the beginning.")
+        order = {key: int(value) for key, value in order.items()}
+        if order != self.order:
+            check_window(self.shard_rows.tolist(), self.shard_sizes.tolist(), self.share, order, self.description,
+                         self.sharers, "or resume with `resume_data_state: false` to start the data from the beginning")
+            self.order = order
+
+    def describe_plan(self) -> str:
+        """One line: what reading this store through the node cache will do (budget, window, shards,
+        downloads per pass)."""
+        block, blocks = self.order[ORDER_BLOCK], self.order[ORDER_WINDOW]
+        downloads = pass_downloads(self.shard_starts, self.shard_sizes, self.order)
+        share = f" (this store's share: {human_size(self.share)})" if self.share != self.budget else ""
+        return (f"{self.description}: reading {self.cache.files.url()} ({human_size(self.size)} in {self.num_shards} "
+                f"shards, {len(self):,} rows) through the node's shard cache at {self.cache.node_folder}: cache_budget "
+                f"{human_size(self.budget)}{share}, shuffle window of {self.window:,} rows ({blocks} block{'s' if blocks != 1 else ''} of "
+                f"{block:,} rows), downloads per pass at most {human_size(downloads)} of shards")
 
     @property
     def num_shards(self) -> int:
@@ -214,4 +222,4 @@ class CachedStore:
 
     def __repr__(self) -> str:
         return (f"CachedStore({self.cache.files.url()}, {len(self)} rows in {self.num_shards} shards, "
-                f"budget={human_size(self.budget)}, window={self.window})")
+                f"budget={human_size(self.budget)}, window={self.window} rows)")

@@ -10,6 +10,7 @@ the commit last, so a reader never sees a store that is only partly there.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -59,6 +60,19 @@ def _intact_copy(local_folder: Path, content: dict[str, Any], verify_mode: Verif
     return problem is None
 
 
+def _commit_bytes(files: StoreFiles, content: dict[str, Any]) -> bytes:
+    """The bytes of the store's commit: the ones read to get ``content`` when they are its (no
+    second fetch; every file was checked against them), else read now (a ``content`` from
+    elsewhere, e.g. an earlier preparation's, is then found to differ)."""
+    data = files.fetched.get(COMPLETE_MARKER)
+    try:
+        if data is not None and canonical_json(json.loads(data)) == canonical_json(content):
+            return data
+    except ValueError:
+        pass
+    return files.read_bytes(COMPLETE_MARKER) or b""
+
+
 def download_store(files: StoreFiles, content: dict[str, Any], local_folder: Path, description: str,
                    verify_mode: VerifyMode = "checksum") -> Path:
     """A verified local copy of the committed store ``files`` (downloaded only when missing).
@@ -99,7 +113,7 @@ def download_store(files: StoreFiles, content: dict[str, Any], local_folder: Pat
                 for relative, expected in sorted(recorded.items()):
                     _fetch_verified(files, relative, expected, temp / relative)
                     bar.update(int(expected.get("size", 0)))
-            (temp / COMPLETE_MARKER).write_bytes(files.read_bytes(COMPLETE_MARKER) or b"")
+            (temp / COMPLETE_MARKER).write_bytes(_commit_bytes(files, content))
             if canonical_json(read_cache_metadata(temp)) != canonical_json(content):  # the whole commit, not its metadata only
                 raise StoreCorruptError(f"{files.url(COMPLETE_MARKER)} changed during the download (the store was "
                                         "prepared again meanwhile); run again.")

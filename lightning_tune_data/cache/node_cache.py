@@ -40,6 +40,7 @@ from typing import Any
 
 import xxhash
 
+from lightning_tune_data.cache.cache_counters import CacheCounters
 from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM
 from lightning_tune_data.cache.fingerprints import canonical_json
 from lightning_tune_data.cache.node_room import (
@@ -110,6 +111,21 @@ def _partial_bytes(target: Path) -> int:
     return total
 
 
+def _over_budget(cache: NodeShardCache, total: int) -> str:
+    """The warning of a reader going over the budget by a shard (``total`` bytes then)."""
+    return (f"{cache.description}: the node's shard cache at {cache.node_folder} goes over its budget by one shard "
+            f"({human_size(total)} > {human_size(cache.budget)}): readers on this node hold every cached shard. Raise "
+            "cache_budget or lower shuffle_window.")
+
+
+def _no_room(cache: NodeShardCache, waited: float, size: int, used: int) -> str:
+    """The error of a reader that waited too long for ``size`` bytes of room."""
+    return (f"{cache.description}: waited {waited:.0f} s for {human_size(size)} of room in the node's shard cache at "
+            f"{cache.node_folder} ({human_size(used)} used of a {human_size(cache.budget)} cache_budget): readers of "
+            f"this node hold every cached shard ({holders(cache.node_folder)}), a stopped one among them, and the cache "
+            "is already over the budget. Resume or end the stopped process, raise cache_budget or lower shuffle_window.")
+
+
 def _close_if_alive(held: weakref.ref[_Held]) -> None:
     alive = held()
     if alive is not None:
@@ -145,6 +161,7 @@ class NodeShardCache:
         self._index = {name: number for number, name in enumerate(self._names)}
         self._distance_from: Callable[[int, int], Callable[[int], float]] | None = None
         self._position: tuple[int, int] | None = None
+        self.counters = CacheCounters()  # what it did, in every process that reads it
         self._start_here()
 
     def _start_here(self) -> None:
@@ -222,6 +239,8 @@ class NodeShardCache:
         if shard in pins:
             return self.path(shard)
         self._held.readers.register()
+        started, hit = time.monotonic(), self._present(shard)
+        self.counters.add("hits" if hit else "misses")
         while True:
             if self._held.prefetcher is not None:
                 self._held.prefetcher.wait_for(shard)
@@ -240,6 +259,8 @@ class NodeShardCache:
                 os.close(fd)
                 continue
             pins[shard] = hold(fd)
+            if not hit:
+                self.counters.add("wait_s", time.monotonic() - started)
             return path
 
     def release(self, shard: int) -> None:
@@ -299,17 +320,17 @@ class NodeShardCache:
             with room_lock(self.node_folder, LOCK_WAIT_S):
                 fits, used = make_room(self.node_folder, self.budget, size,
                                        lambda contents: eviction_order(contents, self.folder, self._index, self._next_use(),
-                                                                       before))
+                                                                       before),
+                                       lambda item: self.counters.add("evictions"))
                 waited = time.monotonic() - started
                 # already over: only while every holder runs (readers could wait for each other forever)
                 over = not fits and must and waited > ROOM_WAIT_S and (used <= self.budget or not stopped_holders(self.node_folder))
                 if fits or over:
+                    if over:
+                        self.counters.add("over_budget")
                     if over and not self._warned:
                         self._warned = True
-                        warnings.warn(
-                            f"{self.description}: the node's shard cache at {self.node_folder} goes over its budget by "
-                            f"one shard ({human_size(used + size)} > {human_size(self.budget)}): readers on this node "
-                            "hold every cached shard. Raise cache_budget or lower shuffle_window.", stacklevel=4)
+                        warnings.warn(_over_budget(self, used + size), stacklevel=4)
                     partial = target.with_name(f"{target.name}{PARTIAL_TAG}{size}-{uuid.uuid4().hex[:8]}")
                     return partial, claim(partial)
             if not must:
@@ -317,12 +338,7 @@ class NodeShardCache:
             if self.on_room_needed is not None:
                 self.on_room_needed()
             if waited > ROOM_WAIT_S + LOCK_WAIT_S:
-                raise LockWaitTimeout(
-                    f"{self.description}: waited {waited:.0f} s for {human_size(size)} of room in the node's shard cache "
-                    f"at {self.node_folder} ({human_size(used)} used of a {human_size(self.budget)} cache_budget): "
-                    f"readers of this node hold every cached shard ({holders(self.node_folder)}), a stopped one among "
-                    "them, and the cache is already over the budget. Resume or end the stopped process, raise "
-                    "cache_budget or lower shuffle_window.")
+                raise LockWaitTimeout(_no_room(self, waited, size, used))
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
 
@@ -366,3 +382,4 @@ class NodeShardCache:
             raise _CacheClosed(f"{self.description}: the cache was closed")
         with self._guard:
             self.downloaded_bytes += size
+        self.counters.add("downloaded_bytes", size)

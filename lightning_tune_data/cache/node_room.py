@@ -152,9 +152,12 @@ def room_lock(node_folder: Path, timeout_s: float) -> Iterator[None]:
         os.close(fd)
 
 
-def make_room(node_folder: Path, budget: int, size: int,
-              order: Callable[[list[CacheFile]], list[CacheFile]]) -> tuple[bool, int]:
+def make_room(node_folder: Path, budget: int, size: int, order: Callable[[list[CacheFile]], list[CacheFile]],
+              evicted: Callable[[CacheFile], None] | None = None) -> tuple[bool, int]:
     """Evict files, in ``order``, until ``size`` more bytes fit in ``budget`` (under :func:`room_lock`).
+
+    Args:
+        evicted: called with each file evicted (to count them).
 
     Returns:
         Whether they fit, and the bytes the node's cache holds then.
@@ -166,6 +169,8 @@ def make_room(node_folder: Path, budget: int, size: int,
     for item in order(contents):
         if evict(item.path):
             log.debug("evicted %s", item.path)
+            if evicted is not None:
+                evicted(item)
             used -= item.size
             if used + size <= budget:
                 return True, used

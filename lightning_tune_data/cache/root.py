@@ -95,8 +95,8 @@ class StoreRoot:
             being copied whole. ``None``: train stores are copied whole.
         budget_sharers: How many train stores share ``cache_budget`` (each store's shuffle
             window is sized to its share).
-        shuffle_window: Shards a budgeted store's shuffle mixes at a time (``None``: derived
-            from the budget).
+        shuffle_window: Rows a budgeted store's shuffle mixes at a time (``None``: derived
+            from the budget when a run starts; a resume takes the checkpoint's).
         build_stores: Whether ``prepare_data`` builds a missing store (:data:`BuildStores`).
     """
 
@@ -132,7 +132,7 @@ class StoreRoot:
             ValueError: A size that is not one, or a ``shuffle_window`` below 1.
         """
         if shuffle_window is not None and shuffle_window < 1:
-            raise ValueError(f"shuffle_window must be >= 1 shard, got {shuffle_window}.")
+            raise ValueError(f"shuffle_window must be >= 1 row, got {shuffle_window}.")
         budget = None if cache_budget is None else parse_size(cache_budget)
         return cls(os.fspath(url), storage_options, local_dir, parse_size(shard_size), budget, shuffle_window,
                    build_stores=build_stores)

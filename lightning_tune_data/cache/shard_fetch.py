@@ -189,8 +189,9 @@ def fetch_shard(files: StoreFiles, relative: str, expected: dict, target: Path, 
                 return
         raise ShardCorruptError(
             f"{files.url(relative)} is corrupt ({problem}), twice: its bytes in storage changed after they were "
-            f"written, or the transfer is damaged. Delete the store (lightning-tune-data cache clean --cache-dir "
-            f"{files.root.url} --all) and prepare it again."
+            f"written, or the transfer is damaged. Repair the store (lightning-tune-data prepare --config <config> "
+            f"--repair redoes only the task that wrote it), or remove this one store (lightning-tune-data cache clean "
+            f"--cache-dir {files.root.url} --store {files.name}) and prepare it again."
         )
     except BaseException:
         target.unlink(missing_ok=True)

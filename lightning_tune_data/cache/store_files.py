@@ -36,6 +36,9 @@ class StoreFiles:
         self.root = root
         self.name = name
         self.fs = root.filesystem() if root.is_remote else None
+        #: The bytes :meth:`read_json` last read of each file (a whole-store download writes the
+        #: commit it read, instead of fetching it once more).
+        self.fetched: dict[str, bytes] = {}
 
     def path(self, relative: str = "") -> str:
         """A file's path on the root's filesystem (the folder itself for ``""``)."""
@@ -123,6 +126,7 @@ class StoreFiles:
                 with open(self.path(relative), encoding="utf-8") as handle:
                     return json.load(handle)
             data = self._call(relative, lambda: self.fs.cat_file(self.path(relative)))
+            self.fetched[relative] = data
             return json.loads(data)
         except (FileNotFoundError, ValueError):
             return None

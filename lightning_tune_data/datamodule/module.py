@@ -120,7 +120,8 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
         shard_size: new stores close a shard at about this size (``"256MB"``).
         cache_budget: most bytes this node's shard cache keeps for all remote train stores together
             (``"50GB"``): a store larger than its share is read shard by shard (``None``: copied whole).
-        shuffle_window: shards a budgeted store's shuffle mixes at once (default: budget's / 4).
+        shuffle_window: rows a budgeted store's shuffle mixes at once (default: what an eighth of its
+            budget share holds, chosen when the run starts; a resume takes the checkpoint's).
         build_stores: ``prepare_data`` tokenizes a missing store (``"if_missing"``) or fails naming it
             (``"never"``); ``"auto"``: never for a remote ``cache_dir``, if_missing for a local one.
         mix_schedule: train weights that change over the run (``MixSchedule``); ``None``: the managers' weights.
@@ -267,6 +268,7 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
     def train_dataloader(self) -> ResumableLoader:
         """The train stream in a ``StatefulDataLoader``, restored from a checkpoint if one was loaded."""
         rank, world_size = current_rank_and_world_size()
+        self._resume.adopt_orders(dict(self._datasets.get("train") or {}))
         if self.train_mode == "map":
             name = next(iter(self._managers("train")))
             dataset = MapStyleDocuments(self.dataset("train", name), name, self.max_seq_len)

@@ -31,10 +31,11 @@ def store_files_at(path: str, root: StoreRoot, storage_options: dict[str, Any] |
     path = path.rstrip("/")
     parent, name = path.rsplit("/", 1) if "/" in path else (".", path)
     options = storage_options if storage_options is not None else root.storage_options
-    store_root = StoreRoot(parent, options, cache_budget=root.cache_budget, shuffle_window=root.shuffle_window)
+    store_root = StoreRoot(parent, options, shard_bytes=root.shard_bytes, cache_budget=root.cache_budget,
+                           shuffle_window=root.shuffle_window)
     if store_root.is_remote:
-        store_root = StoreRoot(parent, options, root.local_dir, cache_budget=root.cache_budget,
-                               shuffle_window=root.shuffle_window)
+        store_root = StoreRoot(parent, options, root.local_dir, shard_bytes=root.shard_bytes,
+                               cache_budget=root.cache_budget, shuffle_window=root.shuffle_window)
     return StoreFiles(store_root, name)
 
 

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_tune_data.loading.resumable_loader import DATASET_KEY, LOADER_KEY, ResumableLoader
+from lightning_tune_data.sources.arrow_state import saved_orders
 from lightning_tune_data.sources.base import ElasticResumeUnsupported
 from lightning_tune_data.sources.corpus_source import changed_files
 
@@ -243,6 +244,28 @@ class TrainResume:
                 "differ from an uninterrupted run's."
             )
         self.pending, self.elastic, self.origin = state, bool(layout), None
+
+    def adopt_orders(self, datasets: dict[str, Any]) -> None:
+        """Make the stores read shard by shard read in the pass orders the pending state was saved
+        in (before the train stream is built from them): a resume continues the run's order, on a
+        node with any budget that holds its window.
+
+        Args:
+            datasets: the train datasets by source name.
+
+        Raises:
+            ValueError: this node's budget cannot hold a saved window (naming the budget needed).
+        """
+        if self.pending is None:
+            return
+        try:
+            orders = saved_orders(old_shard_states(self.pending))
+        except (KeyError, TypeError, ValueError):  # an unusual state: the sources check it when they load it
+            return
+        for name, order in orders.items():
+            adopt = getattr(datasets.get(name), "adopt_order", None)
+            if adopt is not None:
+                adopt(order)
 
     def restore(self, loader: ResumableLoader, dataset: Any, rank: int) -> int:
         """Give the pending state to this rank's new train loader; return the batches already consumed.

@@ -11,13 +11,14 @@ what it finds for the source (a missing, unfinished or corrupt store names the s
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import datasets
 
-from lightning_tune_data.cache.cached_store import CachedStore, shuffle_window_for
+from lightning_tune_data.cache.cached_store import CachedStore
 from lightning_tune_data.cache.checksums import VerifyMode
 from lightning_tune_data.cache.layout import cache_folder, find_cache, other_caches
 from lightning_tune_data.cache.local_disk import check_shard_cache_disk
@@ -29,6 +30,7 @@ from lightning_tune_data.cache.root import CacheBudgetError, StoreRoot
 from lightning_tune_data.cache.store import build_cache_atomically
 from lightning_tune_data.cache.store_files import StoreFiles
 from lightning_tune_data.cache.store_reader import open_store
+from lightning_tune_data.cache.window_plan import plan_window
 from lightning_tune_data.cache.tasks import (
     StoreNotCommittedError,
     TaskManifest,
@@ -42,6 +44,9 @@ from lightning_tune_data.cache.tasks import (
 from lightning_tune_data.managers.errors import CacheMissingError
 
 __all__ = ["SourceCache"]
+
+log = logging.getLogger("lightning_tune_data.cache.store")
+_DESCRIBED: set[str] = set()  # the plans of budgeted stores this process logged (once each)
 
 
 def describe_single_task(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -173,8 +178,9 @@ class SourceCache:
 
     def budgeted(self, files: StoreFiles, content: dict[str, Any]) -> CachedStore | None:
         """The committed remote store read through this node's shard cache, when the store's shards
-        exceed its share of the node's ``cache_budget`` (its shuffle window is sized to that
-        share); ``None`` when it is copied whole.
+        exceed its share of the node's ``cache_budget`` (its shuffle window is ``shuffle_window``
+        rows, or sized to that share; a resume adopts the checkpoint's); ``None`` when it is copied
+        whole.
 
         Raises:
             CacheBudgetError: The budget cannot hold a shuffle window and the next one; or
@@ -187,14 +193,19 @@ class SourceCache:
         sizes = [int((content.get("files") or {})[shard["path"]]["size"]) for shard in content["store"]["shards"]]
         if sum(sizes) <= share:
             return None
+        rows = [int(shard["rows"]) for shard in content["store"]["shards"]]
         try:
-            window = shuffle_window_for(sizes, share, self.root.shuffle_window, self.description,
-                                        self.root.budget_sharers)
-            store = CachedStore(files, content, self.root.local_dir / NODE_CACHE_FOLDER, budget, window,
-                                self.description, share=share)
+            order = plan_window(rows, sizes, int(content["store"].get("tokens") or 0), share, self.root.shuffle_window,
+                                self.root.shard_bytes, self.description, self.root.budget_sharers)
+            store = CachedStore(files, content, self.root.local_dir / NODE_CACHE_FOLDER, budget, order,
+                                self.description, share=share, sharers=self.root.budget_sharers)
             check_shard_cache_disk(store.cache.node_folder, budget, store.cache.node_usage(), self.description)
         except ValueError as error:
             raise CacheBudgetError(str(error)) from None
+        plan = store.describe_plan()
+        if plan not in _DESCRIBED:
+            _DESCRIBED.add(plan)
+            log.info(plan)
         return store
 
     def local_store(self, inputs: Mapping[str, Any] | None = None) -> Path:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from lightning_tune_data.cache.cached_store import CachedStore
 from lightning_tune_data.distributed import current_rank_and_world_size
 from lightning_tune_data.keys import PROVENANCE
 from lightning_tune_data.metrics.aggregator import DatasetMetricsAggregator
@@ -25,7 +26,7 @@ from lightning_tune_data.metrics.collector import CollectorsFactory, MetricsDict
 from lightning_tune_data.metrics.rank_merge import merge_rank_states
 from lightning_tune_data.metrics.summary import format_mix_table, mix_notes, tensorboard_layout
 
-__all__ = ["DatasetMetricsCallback", "flatten_metrics", "scheduled_targets"]
+__all__ = ["DatasetMetricsCallback", "cache_metrics", "flatten_metrics", "scheduled_targets"]
 
 
 def scheduled_targets(trainer: pl.Trainer) -> dict[str, float] | None:
@@ -40,6 +41,35 @@ def scheduled_targets(trainer: pl.Trainer) -> dict[str, float] | None:
     mixture = getattr(datamodule, "mix_control", None) or getattr(datamodule, "mixture", None)
     targets_at = getattr(mixture, "targets_at", None)
     return None if targets_at is None else targets_at(max(trainer.global_step - 1, 0))
+
+
+def cache_metrics(trainer: pl.Trainer, distributed: bool) -> dict[str, float]:
+    """``cache/<source>/<metric>`` of the train stores read through the nodes' shard caches
+    (:data:`~lightning_tune_data.cache.cache_counters.CACHE_METRICS`, counted in every dataloader
+    worker since ``setup``), summed over every rank (a collective when ``distributed``: every rank
+    calls it at the same step); ``{}`` without such stores.
+
+    Args:
+        trainer: the trainer, whose datamodule's train sources are looked at.
+        distributed: sum across the ranks.
+    """
+    datamodule = getattr(trainer, "datamodule", None)
+    values: dict[str, float] = {}
+    for name in getattr(datamodule, "train_source_weights", None) or {}:
+        try:
+            store = datamodule.dataset("train", name)
+        except (AttributeError, KeyError, RuntimeError):
+            continue
+        if isinstance(store, CachedStore):
+            values.update({f"cache/{name}/{metric}": value for metric, value in store.cache.counters.totals().items()})
+    if distributed and dist.is_available() and dist.is_initialized():
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, values)
+        values = {}
+        for rank_values in gathered:
+            for key, value in (rank_values or {}).items():
+                values[key] = values.get(key, 0.0) + float(value)
+    return values
 
 
 def flatten_metrics(metrics: Mapping[str, Mapping[str, Any]], prefix: str = "dataset") -> dict[str, float]:
@@ -242,6 +272,7 @@ class DatasetMetricsCallback(Callback):
         self._last_logged_step = trainer.global_step
         flat = flatten_metrics(self._last_metrics)
         flat.update({f"mix/{name}/target": float(weight) for name, weight in (targets or {}).items()})
+        flat.update(cache_metrics(trainer, distributed))
         connector = getattr(trainer, "_logger_connector", None)
         if pl_module is not None and trainer.loggers and bool(getattr(connector, "should_update_logs", False)):
             # Every rank holds the same global values; float64 keeps counters exact in the logs.

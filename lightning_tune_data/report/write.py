@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lightning_tune_data.cache.cache_counters import CACHE_METRICS
+from lightning_tune_data.cache.sizes import human_size
 from lightning_tune_data.metrics.summary import format_percent, no_target_notes
 from lightning_tune_data.report.batches import BatchReport
 from lightning_tune_data.report.plots import (
@@ -165,6 +167,22 @@ def _series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[f
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def _cache_section(last: Mapping[str, float], keys: set[str]) -> list[str]:
+    """A table of what the node caches did for each store read shard by shard (the last logged
+    ``cache/<source>/<metric>`` values); nothing when no store was."""
+    stores = sorted({key.split("/")[1] for key in keys if key.startswith("cache/") and key.count("/") == 2})
+    if not stores:
+        return []
+    lines = ["## Node shard cache", "", "| source | downloaded | hits | misses | evictions | waited | over budget |",
+             "|---|---|---|---|---|---|---|"]
+    for store in stores:
+        value = {metric: last.get(f"cache/{store}/{metric}", 0.0) for metric in CACHE_METRICS}
+        lines.append(f"| {store} | {human_size(int(value['downloaded_bytes']))} | {int(value['hits']):,} | "
+                     f"{int(value['misses']):,} | {int(value['evictions']):,} | {value['wait_s']:.1f} s | "
+                     f"{int(value['over_budget']):,} |")
+    return [*lines, "", "Shards a reader found on the node (hits) or waited for (misses), and the time it waited.", ""]
+
+
 def write_metrics_report(metrics_csv: str | Path, output: str | Path) -> Path:
     """Write ``output/report.md`` and charts from a finished run's logged ``metrics.csv``.
 
@@ -228,6 +246,7 @@ def write_metrics_report(metrics_csv: str | Path, output: str | Path) -> Path:
                     {s: m.get("truncated_docs", 0) / drawn[s] for s, m in metrics.items()},
                     {s: m.get("dropped_docs", 0) / drawn[s] for s, m in metrics.items()})
     lines += ["## Truncation", "", "![truncation](truncation.png)", ""]
+    lines += _cache_section(last, keys)
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path

@@ -124,8 +124,7 @@ class ArrowSource(TuneIterableDataset):
         self._transforms = SampleTransforms(dataset_name, (message_transform, model_transform, output_transform),
                                             filter_fn, filter_kwargs, max_error_count, counters)
         self._lengths = LengthPolicy(self.settings, counters)
-        self._state = ArrowSourceState(dataset_name, self._rows.num_rows, self.settings, counters,
-                                       self._rows.order_state())
+        self._state = ArrowSourceState(dataset_name, self._rows.num_rows, self.settings, counters, self._rows)
         self._block_pass: list[Any] | None = None  # read_block's [pass, documents read, counters at its start]
         self._flat_view: tuple[memoryview, np.dtype] | None = None
 

@@ -9,7 +9,8 @@ A store read through the node cache (a :class:`~lightning_tune_data.cache.cached
 is opened shard by shard, and its passes follow the two-level windowed order
 (:mod:`~lightning_tune_data.sources.windowed_order`) that the cache can serve; as the reader walks
 it, :class:`~lightning_tune_data.sources.sharded_column.WindowReads` tells the cache what to keep
-and fetch ahead.
+and fetch ahead. The order is the run's: a resume adopts the checkpoint's
+(:meth:`ArrowRows.adopt_order`), also for a store this node reads whole.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import pyarrow as pa
 from lightning_tune_data.keys import EPOCH, INPUT_IDS, LOSS_MASK, SOURCE, SOURCE_ROW
 from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.arrow_columns import ListColumn, arrow_table
+from lightning_tune_data.sources.arrow_state import OrderHolder
 from lightning_tune_data.sources.pass_order import PassPlan
 from lightning_tune_data.sources.permutation import KeyedPermutation, permutation_key
 from lightning_tune_data.sources.sharded_column import ShardedColumn, WindowReads
-from lightning_tune_data.sources.windowed_order import ORDER_SHARDS, ORDER_WINDOW, WindowedPermutation
+from lightning_tune_data.keys import ORDER_BLOCK, ORDER_WINDOW
+from lightning_tune_data.sources.windowed_order import WindowedPermutation
 
 __all__ = ["ArrowRows"]
 
@@ -35,7 +38,7 @@ __all__ = ["ArrowRows"]
 _ROWS_AHEAD = 16384
 
 
-class ArrowRows:
+class ArrowRows(OrderHolder):
     """The columns of one source's table, and the rows of a pass's upcoming positions.
 
     Args:
@@ -57,6 +60,8 @@ class ArrowRows:
         self.num_rows = len(dataset) if not isinstance(dataset, pa.Table) else dataset.num_rows
         if self.num_rows == 0:
             raise ValueError(f"Source '{source}' has no rows; check its data files and filters.")
+        #: The windowed order's blocks and windows (``None``: the full shuffle).
+        self.order: dict[str, int] | None = dict(dataset.order) if self.windowed else None
         # Built lazily in the process that reads; dropped when pickled.
         self.input_ids: ListColumn | None = None
         self.loss_mask: ListColumn | None = None
@@ -104,10 +109,27 @@ class ArrowRows:
 
     def order_state(self) -> dict[str, int] | None:
         """What the pass order depends on beyond the seed and rows (saved with the position):
-        the shuffle window and shards of a windowed store, ``None`` for the full shuffle."""
-        if not self.windowed:
-            return None
-        return {ORDER_WINDOW: self.dataset.window, ORDER_SHARDS: self.dataset.num_shards}
+        the blocks and windows of a windowed order, ``None`` for the full shuffle."""
+        return None if self.order is None else dict(self.order)
+
+    def adopt_order(self, order: dict[str, int] | None) -> None:
+        """Read the passes in ``order`` (a checkpoint's): a windowed order on any store (a store read
+        shard by shard checks that its budget holds the window), the full shuffle only on a store
+        read whole.
+
+        Raises:
+            ValueError: the node's budget cannot hold the order (naming the budget needed).
+        """
+        order = None if order is None else {ORDER_BLOCK: int(order[ORDER_BLOCK]), ORDER_WINDOW: int(order[ORDER_WINDOW])}
+        if order == self.order:
+            return
+        if self.windowed:
+            self.dataset.adopt_order(order)
+        self.order = order
+        self._permutations = {}
+        self._rows_ahead = None
+        if self._window_reads is not None:
+            self._window_reads.forget_position()
 
     def take_released(self) -> set[int]:
         """The shards a windowed store's reader let go of since the last call (empty otherwise)."""
@@ -122,8 +144,9 @@ class ArrowRows:
         permutation = self._permutations.get(epoch)
         if permutation is None:
             key = permutation_key(self.settings.seed, self.source, epoch)
-            if self.windowed:
-                permutation = WindowedPermutation(self.dataset.shard_rows, self.dataset.window, key, self.shuffle)
+            if self.order is not None:
+                permutation = WindowedPermutation(self.num_rows, self.order[ORDER_BLOCK], self.order[ORDER_WINDOW], key,
+                                                  self.shuffle)
             else:
                 permutation = KeyedPermutation(self.num_rows, key, shuffle=self.shuffle)
             self._permutations = {**{e: p for e, p in self._permutations.items() if e in (epoch - 1, epoch + 1)},

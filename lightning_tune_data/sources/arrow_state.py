@@ -20,15 +20,58 @@ from lightning_tune_data.distributed import current_shard
 from lightning_tune_data.settings import StreamSettings
 from lightning_tune_data.sources.document_block import DocumentBlock
 from lightning_tune_data.sources.pass_order import ShardPasses, merge_remaining, split_remaining
-from lightning_tune_data.sources.windowed_order import ORDER_SHARDS, ORDER_WINDOW
+from lightning_tune_data.sources.windowed_order import window_rows
 from lightning_tune_data.sources.source_state import SourceCounters, shard_mismatch_error
 
-__all__ = ["ArrowSourceState"]
+__all__ = ["ArrowSourceState", "OrderHolder", "saved_orders"]
 
 # State keys.
 _WALK = "walk"
 _COUNTERS = "counters"
 _ORDER = "order"
+
+
+class OrderHolder:
+    """What a source's pass order depends on beyond the seed and rows, and how a resume adopts a
+    checkpoint's (the default: the full shuffle, which nothing else can be adopted into).
+
+    :class:`~lightning_tune_data.sources.arrow_rows.ArrowRows` is one.
+    """
+
+    def order_state(self) -> dict[str, int] | None:
+        """The order now (``None``: the full shuffle)."""
+        return None
+
+    def adopt_order(self, order: dict[str, int] | None) -> None:
+        """Read in ``order`` from now on.
+
+        Raises:
+            ValueError: this reader cannot read in ``order``.
+        """
+        if order is not None:
+            raise ValueError(f"this source cannot read the windowed order {order}")
+
+
+def saved_orders(state: Any) -> dict[str, dict[str, int] | None]:
+    """The pass order of every source in a saved stream state (any nesting: a mixer's, a
+    packer's), by source name; ``None`` for a source saved in the full shuffle.
+
+    Args:
+        state: a train stream's state, or a list of them (one per shard).
+    """
+    found: dict[str, dict[str, int] | None] = {}
+    stack = [state]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            for key, value in item.items():
+                if isinstance(value, dict) and _WALK in value and _COUNTERS in value:
+                    found.setdefault(str(key), value.get(_ORDER))
+                else:
+                    stack.append(value)
+    return found
 
 
 class ArrowSourceState:
@@ -40,21 +83,26 @@ class ArrowSourceState:
         settings: the run's settings (``rank`` and ``world_size`` place the shard; ``max_seq_len``
             and ``overlong`` tell what was skipped in a block).
         counters: the source's counters (restored in place when a state is loaded).
-        order: what the pass order depends on beyond the seed and rows (a windowed store's
-            shuffle window; ``None`` for the full shuffle): saved, and required of a loaded state.
+        order: what the pass order depends on beyond the seed and rows (a windowed order's blocks
+            and windows): saved, and adopted from a loaded state (default: the full shuffle).
     """
 
     def __init__(self, source: str, num_rows: int, settings: StreamSettings, counters: SourceCounters,
-                 order: dict[str, int] | None = None) -> None:
+                 order: OrderHolder | None = None) -> None:
         self.source = source
         self.num_rows = num_rows
-        self.order = order
+        self._order = order if order is not None else OrderHolder()
         self.settings = settings
         self.counters = counters
         #: ``[plan, documents of its block read, of them applied to the plan]`` while a block is read.
         self.cursor: list[Any] | None = None
         self._walk: ShardPasses | None = None
         self._remaining: dict[str, Any] | None = None  # set by load_global, split on first use
+
+    @property
+    def order(self) -> dict[str, int] | None:
+        """The pass order saved with the position (``None``: the full shuffle)."""
+        return self._order.order_state()
 
     def __getstate__(self) -> dict[str, Any]:
         self.settle()
@@ -127,7 +175,11 @@ class ArrowSourceState:
         """
         for own in owns:
             self._check_rows(own[_WALK])
-            self._check_order(own)
+        orders = {repr(own.get(_ORDER)) for own in owns}
+        if len(orders) > 1:
+            raise ValueError(f"Source '{self.source}': the checkpoint's shards read in different orders ({sorted(orders)}); "
+                             "the data state is corrupt.")
+        self._check_order(owns[0])
         merged = {
             _WALK: merge_remaining([own[_WALK] for own in owns], self.source),
             _COUNTERS: SourceCounters.total([own[_COUNTERS] for own in owns]).state_dict(),
@@ -169,20 +221,22 @@ class ArrowSourceState:
         return {self.source: {_WALK: walk, _COUNTERS: counters, **order}}
 
     def _check_order(self, own: dict[str, Any]) -> None:
-        """Refuse a position saved under another pass order: it would mean other rows."""
+        """Adopt the pass order a position was saved in: the same position in another order would
+        mean other rows.
+
+        Raises:
+            ValueError: this node cannot read that order (its budget cannot hold the window; a full
+                shuffle saved for a store this node reads through its budget).
+        """
         saved = own.get(_ORDER)
         if saved == self.order:
             return
-        def describe(order: dict[str, int] | None) -> str:
-            return ("the full shuffle of a store on this node (or read whole)" if order is None else
-                    f"the shuffle window of {order[ORDER_WINDOW]} of its {order[ORDER_SHARDS]} shards")
-        fix = (f"set shuffle_window: {saved[ORDER_WINDOW]} (with a cache_budget that holds it)" if saved is not None
-               else "read it without a cache_budget, as when the checkpoint was written")
-        raise ValueError(
-            f"Source '{self.source}': the checkpoint's position is in {describe(saved)}, but this run reads "
-            f"{describe(self.order)}; the same position would mean other rows. To resume exactly, {fix}; or resume "
-            "with `resume_data_state: false` to start the data from the beginning."
-        )
+        try:
+            self._order.adopt_order(saved)
+        except ValueError as error:
+            what = "the full shuffle" if saved is None else f"shuffle windows of {window_rows(saved):,} rows"
+            raise ValueError(f"Source '{self.source}': the checkpoint's position is in {what}, which this run "
+                             f"cannot read: {error}") from None
 
     def _check_rows(self, walk_state: dict[str, Any]) -> None:
         """Refuse a walk saved over another number of rows: its positions would mean other rows."""

@@ -15,6 +15,7 @@ lets go of the rest, and tells the cache each shard's next use
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -121,8 +122,24 @@ class WindowReads:
         self._order_of = order_of
         self._columns = columns
         self._at: tuple[int, int] | None = None
-        self._shard_windows: dict[int, np.ndarray] = {}  # pass -> window of every shard (replaced, never changed)
+        # pass -> (windows of the pass, each shard's windows in it, sorted); replaced, never changed
+        self._shard_windows: dict[int, tuple[int, list[np.ndarray]]] = {}
         self.released: set[int] = set()  # shards let go of since the reader last asked
+
+    def forget_position(self) -> None:
+        """The order changed (a checkpoint's was adopted): act again on the next read."""
+        self._at = None
+        self._shard_windows = {}
+
+    def shards_of_window(self, order: WindowedPermutation, window: int) -> list[int]:
+        """The shards holding window ``window``'s blocks, in the order its blocks come."""
+        starts = order.blocks_of_window(window) * order.block_rows
+        ends = np.minimum(starts + order.block_rows, order.num_items)
+        first, last = self._store.shard_of(starts), self._store.shard_of(ends - 1)
+        shards: dict[int, None] = {}
+        for low, high in zip(first.tolist(), last.tolist()):
+            shards.update(dict.fromkeys(range(low, high + 1)))
+        return list(shards)
 
     def moved_to(self, epoch: int, positions: np.ndarray) -> int:
         """The reader's next positions are ``positions`` (ascending) of pass ``epoch``: act when
@@ -136,20 +153,34 @@ class WindowReads:
             self._enter(order, epoch, window)
         return inside
 
+    def _windows_of_shards(self, epoch: int) -> tuple[int, list[np.ndarray]]:
+        """Pass ``epoch``'s window count, and the windows of every shard's blocks (sorted)."""
+        known = self._shard_windows.get(epoch)
+        if known is None:
+            order = self._order_of(epoch)
+            block_windows = order.block_windows()
+            starts = self._store.shard_starts
+            firsts = (starts[:-1] // order.block_rows).tolist()
+            lasts = ((starts[1:] - 1) // order.block_rows).tolist()
+            known = (order.num_windows, [np.unique(block_windows[first : last + 1]) for first, last in zip(firsts, lasts)])
+        return known
+
     def _distances(self, epoch: int, window: int) -> Callable[[int], float]:
         """From a reader at ``window`` of pass ``epoch``: each shard's next use, in windows (its
-        window later in this pass, or in the next pass). Called by the cache from its prefetch
+        next window in this pass, or in the next pass). Called by the cache from its prefetch
         threads: it reads only the snapshot of the passes' shard windows taken when this reader
         entered its window (a position outside them counts every shard as needed now)."""
         known = self._shard_windows
         if epoch not in known or epoch + 1 not in known:
             return lambda shard: 0.0
-        this_pass, next_pass = known[epoch], known[epoch + 1]
-        windows = int(this_pass.max()) + 1
+        (windows, this_pass), (_, next_pass) = known[epoch], known[epoch + 1]
 
         def distance(shard: int) -> float:
-            first = int(this_pass[shard])
-            return float(first - window if first >= window else windows - window + int(next_pass[shard]))
+            mine = this_pass[shard]
+            later = int(np.searchsorted(mine, window))
+            if later < len(mine):
+                return float(mine[later] - window)
+            return float(windows - window + int(next_pass[shard][0]))
 
         return distance
 
@@ -158,9 +189,10 @@ class WindowReads:
         the documents it still holds of them); fetch ahead the
         shards of the windows that follow while they take at most half of the budget."""
         following = self._order_of(epoch + 1)
-        upcoming = [order.shards_of_window(w).tolist() for w in range(window, order.num_windows)]
-        upcoming += [following.shards_of_window(w).tolist() for w in range(following.num_windows)]
-        keep = set(upcoming[0]) | set(upcoming[1] if len(upcoming) > 1 else [])
+        upcoming = [self.shards_of_window(order, w) for w in range(window, min(order.num_windows, window + 2))]
+        if len(upcoming) < 2:
+            upcoming.append(self.shards_of_window(following, 0))
+        keep = set(upcoming[0]) | set(upcoming[1])
         cache = self._store.cache
         for shard in self._store.pinned():
             if shard not in keep:
@@ -168,10 +200,12 @@ class WindowReads:
                 self.released.add(shard)
         for column in self._columns:
             column.keep_only(keep)
-        self._shard_windows = {epoch: order.shard_windows(), epoch + 1: following.shard_windows()}
+        self._shard_windows = {e: self._windows_of_shards(e) for e in (epoch, epoch + 1)}
         cache.set_next_use(self._distances, epoch, window)
         wanted, room, seen = [], self._store.share // 2, set()
-        for number, shards in enumerate(upcoming):
+        later = ((order, w) for w in range(window, order.num_windows))
+        for number, (pass_order, w) in enumerate(itertools.chain(later, ((following, w) for w in range(following.num_windows)))):
+            shards = upcoming[number] if number < len(upcoming) else self.shards_of_window(pass_order, w)
             size = sum(int(self._store.shards[shard]["size"]) for shard in shards if shard not in seen)
             if number >= 2 and size > room:
                 break

@@ -1,6 +1,6 @@
 """``CachedStore`` over a store written and committed to a real S3 API (moto's server) by the
-package's own task writer, read through s3fs and a counting proxy; and how the shuffle window is
-derived from the node cache's budget."""
+package's own task writer, read through s3fs and a counting proxy; what it says it will do, and
+which saved orders a resume may adopt."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lightning_tune_data.cache.cached_store import CachedStore, shuffle_window_for
+from lightning_tune_data.cache.cached_store import CachedStore
 from lightning_tune_data.cache.mirror import publish_task
 from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.cache.store_files import StoreFiles
@@ -23,42 +23,6 @@ from fault_proxy import storage_options  # noqa: E402
 STORE = "src-0f1e2d3c4b5a6978"
 FINGERPRINT = "0f1e2d3c4b5a6978" * 4
 ROWS = 600
-
-
-# -- the shuffle window -----------------------------------------------------------------------------
-@pytest.mark.parametrize(("budget", "window"), [(1200, 2), (500, 1), (10_000, 20), (240, 1)])
-def test_the_shuffle_window_is_a_quarter_of_the_largest_shards_the_budget_holds(budget, window):
-    sizes = [100] * 19 + [120]
-    assert shuffle_window_for(sizes, budget, None, "train/a") == window
-
-
-def test_an_explicit_shuffle_window_is_kept_when_the_budget_holds_it_and_the_next_one():
-    assert shuffle_window_for([100, 120], 720, 3, "train/a") == 3
-
-
-def test_a_budget_that_cannot_hold_two_windows_is_a_setup_error_saying_how_much_budget_is_needed():
-    with pytest.raises(ValueError) as raised:
-        shuffle_window_for([100, 120], 700, 3, "train/a")
-    assert str(raised.value) == (
-        "train/a: cache_budget 700 B cannot hold a shuffle window of 3 shard(s) and the next window fetched ahead "
-        "(6 shards of up to 120 B: 720 B). Raise cache_budget to at least 720 B, or lower shuffle_window.")
-
-
-def test_sizes_that_would_read_alike_are_given_in_bytes():
-    with pytest.raises(ValueError, match=r"cache_budget 1,160 bytes .* at least 1,200 bytes"):
-        shuffle_window_for([100, 120], 1_160, 5, "train/a")
-
-
-def test_a_budget_below_two_shards_is_a_setup_error_asking_for_smaller_shards():
-    with pytest.raises(ValueError, match=r"cache_budget 239 B cannot hold a shuffle window of 1 shard\(s\).*"
-                                         r"it is already 1 shard: the store's shards are large; prepare it with a "
-                                         r"smaller shard_size"):
-        shuffle_window_for([100, 120], 239, None, "train/a")
-
-
-def test_a_shuffle_window_below_one_shard_is_rejected():
-    with pytest.raises(ValueError, match="train/a: shuffle_window must be >= 1 shard, got 0"):
-        shuffle_window_for([100], 1000, 0, "train/a")
 
 
 # -- a committed store read through the node cache -----------------------------------------------------
@@ -80,7 +44,8 @@ def committed(s3, tmp_path) -> tuple[dict, pa.Table]:
 
 def cached_store(s3, proxy, tmp_path: Path, content: dict, budget: int) -> CachedStore:
     files = StoreFiles(StoreRoot(s3.url, storage_options(proxy.url)), STORE)
-    return CachedStore(files, content, tmp_path / "node" / STORE, budget, 1, "train/a")
+    return CachedStore(files, content, tmp_path / "node" / STORE, budget, {"block_rows": 40, "window_blocks": 1},
+                       "train/a")
 
 
 def test_a_cached_store_knows_its_rows_and_shards_from_the_commit_without_downloading_any(
@@ -96,7 +61,7 @@ def test_a_cached_store_knows_its_rows_and_shards_from_the_commit_without_downlo
     assert store.shard_of(starts[:-1]).tolist() == list(range(len(shards)))
     assert store.shard_of(starts[1:] - 1).tolist() == list(range(len(shards)))
     assert store.shard_of(np.arange(ROWS)).tolist() == np.repeat(np.arange(len(shards)), store.shard_rows).tolist()
-    assert f"{ROWS} rows in {len(shards)} shards" in repr(store) and "window=1" in repr(store)
+    assert f"{ROWS} rows in {len(shards)} shards" in repr(store) and "window=40 rows" in repr(store)
     assert fault_proxy.gets("/") == 0
 
 
@@ -122,7 +87,6 @@ def test_every_row_read_through_a_budget_of_two_shards_matches_the_store_and_usa
     content, table = committed
     sizes = [content["files"][shard["path"]]["size"] for shard in content["store"]["shards"]]
     budget = 2 * max(sizes)
-    assert shuffle_window_for(sizes, budget, None, "train/a") == 1
     store = cached_store(s3, fault_proxy, tmp_path, content, budget)
 
     rows, worst = [], 0
@@ -161,3 +125,29 @@ def test_a_shard_read_before_the_dataloader_forks_is_neither_pinned_nor_mapped_b
     finally:
         done.set()
         worker.join(30)
+
+
+def test_the_plan_line_names_the_budget_the_window_the_shards_and_the_downloads_per_pass(s3, fault_proxy, tmp_path,
+                                                                                         committed):
+    content, _ = committed
+    store = cached_store(s3, fault_proxy, tmp_path, content, budget=10 << 20)
+    line = store.describe_plan()
+    assert f"{store.num_shards} shards, {ROWS} rows" in line
+    assert "cache_budget 10.5 MB" in line and "shuffle window of 40 rows (1 block of 40 rows)" in line
+    assert "downloads per pass at most" in line and "\n" not in line
+
+
+def test_a_resume_adopts_a_saved_window_the_budget_holds_and_refuses_one_it_cannot_naming_the_size(
+        s3, fault_proxy, tmp_path, committed):
+    content, _ = committed
+    sizes = [content["files"][shard["path"]]["size"] for shard in content["store"]["shards"]]
+    store = cached_store(s3, fault_proxy, tmp_path, content, budget=4 * max(sizes))
+    assert sum(sizes) > 4 * max(sizes)
+    store.adopt_order({"block_rows": 20, "window_blocks": 1})
+    assert store.order == {"block_rows": 20, "window_blocks": 1} and store.window == 20
+    with pytest.raises(ValueError, match=r"train/a: cache_budget .* cannot hold a shuffle window of 600 rows .*"
+                                         r"Raise cache_budget to at least .*resume_data_state: false"):
+        store.adopt_order({"block_rows": 300, "window_blocks": 2})
+    assert store.window == 20  # unchanged
+    with pytest.raises(ValueError, match=r"train/a: the checkpoint was written reading the whole store .* full shuffle"):
+        store.adopt_order(None)

@@ -99,6 +99,7 @@ def test_a_short_or_damaged_body_is_fetched_once_more_then_shard_corrupt_error_n
 
     message = str(raised.value)
     assert files.url(entry["path"]) in message and "twice" in message
+    assert f"--store {files.name})" in message and "--repair" in message and "--all" not in message  # this store only
     assert ("25000 bytes arrived, 50000 were written" if action == "truncate" else "xxh3_128") in message
     assert fault_proxy.gets(entry["path"]) == 2  # downloaded twice, not retried as a network error
     assert not target.exists()

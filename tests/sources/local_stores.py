@@ -26,8 +26,10 @@ def committed_store(root: Path, documents: int, seed: int) -> tuple[Path, list[l
     return folder, [list(ids) for ids in datamodule.dataset("train", "docs")["input_ids"]]
 
 
-def cached(folder: Path, node: Path, budget: int = 1 << 30, window: int = 2) -> CachedStore:
-    """The store at ``folder`` read through a node cache under ``node``."""
+def cached(folder: Path, node: Path, budget: int = 1 << 30, window: int = 2, block_rows: int = 8) -> CachedStore:
+    """The store at ``folder`` read through a node cache under ``node``, in windows of ``window``
+    blocks of ``block_rows`` rows."""
     content = json.loads((folder / "_COMPLETE.json").read_text())
     files = StoreFiles(StoreRoot(str(folder.parent)), folder.name)
-    return CachedStore(files, content, node / folder.name, budget, window, "source 'docs'")
+    return CachedStore(files, content, node / folder.name, budget, {"block_rows": block_rows, "window_blocks": window},
+                       "source 'docs'")

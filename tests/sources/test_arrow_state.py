@@ -174,3 +174,39 @@ def take_after(block, rows: pa.Table, overlong: str, done: int, count: int) -> l
         if (sample["source_row"], sample["epoch"]) == (block.rows[done - 1], block.epoch):
             break
     return [next(iterator) for _ in range(count)]
+
+
+class _Windowed:
+    """An order holder that can read windowed orders (as a store read whole can)."""
+
+    def __init__(self, order=None) -> None:  # noqa: ANN001
+        self.order = order
+
+    def order_state(self):  # noqa: ANN201
+        return self.order
+
+    def adopt_order(self, order) -> None:  # noqa: ANN001
+        self.order = order
+
+
+def test_a_loaded_state_adopts_the_saved_windowed_order_and_saved_orders_finds_it_in_any_nesting():
+    order = {"block_rows": 4, "window_blocks": 2}
+    written = ArrowSourceState("src", 20, StreamSettings(), SourceCounters(), _Windowed(order))
+    saved = written.state_dict()
+    assert saved["src"]["order"] == order
+    holder = _Windowed()
+    loaded = ArrowSourceState("src", 20, StreamSettings(), SourceCounters(), holder)
+    loaded.load_state_dict(saved["src"])
+    assert holder.order == order and loaded.state_dict() == saved
+    nested = [{"packer": {"child": {"children": {**saved, "other": state_of().state_dict()["src"]}}}}]
+    from lightning_tune_data.sources.arrow_state import saved_orders
+    assert saved_orders(nested) == {"src": order, "other": None}
+    assert saved_orders([{"other": state_of().state_dict()["src"]}]) == {"other": None}
+
+
+def test_a_windowed_position_is_refused_by_a_reader_of_the_full_shuffle_only():
+    saved = ArrowSourceState("src", 20, StreamSettings(), SourceCounters(),
+                             _Windowed({"block_rows": 4, "window_blocks": 2})).state_dict()["src"]
+    with pytest.raises(ValueError, match=r"Source 'src': the checkpoint's position is in shuffle windows of 8 rows, "
+                                         r"which this run cannot read"):
+        state_of().load_state_dict(saved)

@@ -54,18 +54,23 @@ def test_a_missing_column_names_the_shard_and_the_fix(local_store, tmp_path):
 
 def test_entering_a_window_keeps_this_and_the_next_windows_shards_and_lets_go_of_the_rest(local_store, tmp_path):
     folder, rows = local_store
-    store = cached(folder, tmp_path, window=2)
+    store = cached(folder, tmp_path, window=2, block_rows=8)
     column = ShardedColumn(store, "input_ids", "docs")
-    order = WindowedPermutation(store.shard_rows, 2, key=1)
+    order = WindowedPermutation(len(rows), 8, 2, key=1)
     reads = WindowReads(store, lambda epoch: order, [column])
     first_window = np.arange(order.window_starts[0], order.window_starts[1])
     assert reads.moved_to(0, np.arange(len(rows))) == len(first_window)  # a read stops at the window's end
     column.rows(order(first_window))
-    assert set(store.pinned()) == set(order.shards_of_window(0).tolist())
+    assert set(store.pinned()) == set(reads.shards_of_window(order, 0))
+    assert set(reads.shards_of_window(order, 0)) == set(store.shard_of(order(first_window)).tolist())
     second = order.window_starts[2]
     reads.moved_to(0, np.arange(second, len(rows)))  # window 2: windows 0 and 1 are let go of
-    assert not set(store.pinned()) & set(order.shards_of_window(0).tolist())
-    windows = order.shard_windows()
-    passed, upcoming = int(order.shards_of_window(0)[0]), int(order.shards_of_window(3)[0])
+    kept = set(reads.shards_of_window(order, 2)) | set(reads.shards_of_window(order, 3))
+    passed = set(reads.shards_of_window(order, 0)) - kept
+    assert passed and not set(store.pinned()) & passed
     distance = store.cache._next_use()  # noqa: SLF001 - what the cache was told about the next uses
-    assert distance(upcoming) == windows[upcoming] - 2 < distance(passed)  # a passed shard is needed next pass
+    upcoming = set(reads.shards_of_window(order, 3)) - set(reads.shards_of_window(order, 2))
+    assert all(distance(shard) == 1 for shard in upcoming)
+    later = [shard for shard in passed
+             if not any(shard in reads.shards_of_window(order, w) for w in range(2, order.num_windows))]
+    assert all(distance(shard) > 1 for shard in later)  # a shard passed for good is needed next pass

@@ -28,7 +28,8 @@ import pytest
 import xxhash
 
 from lightning_tune_data.cache import node_cache, shard_fetch
-from lightning_tune_data.cache.cached_store import CachedStore, shuffle_window_for
+from lightning_tune_data.cache.cached_store import CachedStore
+from lightning_tune_data.cache.window_plan import check_window
 from lightning_tune_data.cache.local_disk import check_shard_cache_disk
 from lightning_tune_data.cache.node_cache import NODE_CACHE_FOLDER, NodeShardCache
 from lightning_tune_data.cache.owners import LockWaitTimeout
@@ -91,9 +92,10 @@ def test_the_disk_never_holds_more_than_the_budget_and_one_shard_counting_files_
     files, content = local_token_store(tmp_path / "storage", shards=24, rows_per_shard=16, tokens=1024)
     sizes = [entry["size"] for entry in content["files"].values()]
     budget = windows * 2 * max(sizes)  # windows of 2 shards: a reader holds its window and the next
-    window = shuffle_window_for(sizes, budget, 2, "docs")
+    order = {"block_rows": 16, "window_blocks": 2}  # blocks of one shard's rows
+    check_window([16] * 24, sizes[:24], budget, order, "docs")
     node = tmp_path / "node" / NODE_CACHE_FOLDER
-    store = CachedStore(files, content, node, budget, window, "source 'docs'")
+    store = CachedStore(files, content, node, budget, order, "source 'docs'")
     worst, stop = [0, 0], threading.Event()
 
     def watch() -> None:

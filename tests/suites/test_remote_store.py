@@ -302,6 +302,17 @@ def test_a_shard_corrupted_in_s3_fails_a_fresh_node_naming_its_url_and_leaves_no
     assert rows(set_up(s3_config(s3, files, tmp_path / "fresh"))) == rows(built)
 
 
+def test_a_fresh_node_fetches_each_stores_commit_once_for_a_whole_store_download(s3, tmp_path):
+    files = write_corpus(tmp_path)
+    set_up(s3_config(s3, files, tmp_path / "builder"))
+    commits = [f"/{s3.bucket}/{s3.prefix}/{store_name(s3, source)}/_COMPLETE.json" for source in SOURCES]
+    start_at = len(s3.requests.log)
+    datamodule_from_config(s3_config(s3, files, tmp_path / "fresh")).prepare_data()
+    served = s3.requests.log[start_at:]
+    assert [sum(1 for _, path in served if path.startswith(commit)) for commit in commits] == [2, 2], served  # HEAD + GET
+    assert [sum(1 for method, path in served if method == "GET" and path.startswith(commit)) for commit in commits] == [1, 1]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_two_nodes_train_identical_batches_from_one_s3_store_downloaded_once_per_node(s3, tmp_path):

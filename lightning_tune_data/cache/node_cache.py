@@ -44,7 +44,8 @@ from lightning_tune_data.cache.cache_counters import CacheCounters
 from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM
 from lightning_tune_data.cache.fingerprints import canonical_json
 from lightning_tune_data.cache.node_room import (
-    DOWNLOAD_LOCKS, PARTIAL_TAG, evict, eviction_order, holders, make_room, node_contents, room_lock, stopped_holders,
+    DOWNLOAD_LOCKS, PARTIAL_TAG, evict, eviction_order, held_only_by, holders, make_room, node_contents, room_lock,
+    stopped_holders,
 )
 from lightning_tune_data.cache.owners import (
     LockWaitTimeout, after_fork_in_child, claim, forget_held, hold, release, wait_for_lock,
@@ -111,11 +112,16 @@ def _partial_bytes(target: Path) -> int:
     return total
 
 
-def _over_budget(cache: NodeShardCache, total: int) -> str:
-    """The warning of a reader going over the budget by a shard (``total`` bytes then)."""
-    return (f"{cache.description}: the node's shard cache at {cache.node_folder} goes over its budget by one shard "
-            f"({human_size(total)} > {human_size(cache.budget)}): readers on this node hold every cached shard. Raise "
-            "cache_budget or lower shuffle_window.")
+def _went_over_budget(cache: NodeShardCache, total: int) -> None:
+    """Count a reader going over the budget by a shard (``total`` bytes then), warning once per cache."""
+    cache.counters.add("over_budget")
+    if cache._warned:
+        return
+    cache._warned = True
+    warnings.warn(
+        f"{cache.description}: the node's shard cache at {cache.node_folder} goes over its budget by one shard "
+        f"({human_size(total)} > {human_size(cache.budget)}): readers on this node hold every cached shard. Raise "
+        "cache_budget or lower shuffle_window.", stacklevel=5)
 
 
 def _no_room(cache: NodeShardCache, waited: float, size: int, used: int) -> str:
@@ -323,14 +329,13 @@ class NodeShardCache:
                                                                        before),
                                        lambda item: self.counters.add("evictions"))
                 waited = time.monotonic() - started
-                # already over: only while every holder runs (readers could wait for each other forever)
-                over = not fits and must and waited > ROOM_WAIT_S and (used <= self.budget or not stopped_holders(self.node_folder))
+                # after the wait (at once when this process alone holds the shards: it would wait for itself),
+                # and when already over only while every holder runs (readers could wait for each other forever)
+                over = (not fits and must and (waited > ROOM_WAIT_S or held_only_by(self.node_folder, os.getpid()))
+                        and (used <= self.budget or not stopped_holders(self.node_folder)))
                 if fits or over:
                     if over:
-                        self.counters.add("over_budget")
-                    if over and not self._warned:
-                        self._warned = True
-                        warnings.warn(_over_budget(self, used + size), stacklevel=4)
+                        _went_over_budget(self, used + size)
                     partial = target.with_name(f"{target.name}{PARTIAL_TAG}{size}-{uuid.uuid4().hex[:8]}")
                     return partial, claim(partial)
             if not must:

@@ -37,7 +37,7 @@ from lightning_tune_data.cache.reader_positions import READERS_FOLDER, ReaderPos
 from lightning_tune_data.cache.sizes import human_size
 
 __all__ = ["DOWNLOAD_LOCKS", "PARTIAL_TAG", "ROOM_LOCK", "CacheFile", "evict", "eviction_order", "holders", "stopped_holders",
-           "make_room", "node_contents", "partial_size", "room_lock"]
+           "held_only_by", "make_room", "node_contents", "partial_size", "room_lock"]
 
 log = logging.getLogger("lightning_tune_data.cache.store")
 
@@ -190,6 +190,12 @@ def stopped_holders(node_folder: Path) -> list[int]:
     """The stopped processes among those holding the node's cached shards (waiting on them is futile
     until they resume; every other holder is a reader that lets go of shards as it moves on)."""
     return sorted(pid for pid in _held_sizes(node_folder) if is_stopped(pid))
+
+
+def held_only_by(node_folder: Path, pid: int) -> bool:
+    """Whether process ``pid`` alone holds the node's cached shards: a reader of that process
+    waiting for room would wait for itself (its other readers let go only when it moves on)."""
+    return set(_held_sizes(node_folder)) == {pid}
 
 
 def holders(node_folder: Path) -> str:

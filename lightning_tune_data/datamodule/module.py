@@ -120,8 +120,7 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
         shard_size: new stores close a shard at about this size (``"256MB"``).
         cache_budget: most bytes this node's shard cache keeps for all remote train stores together
             (``"50GB"``): a store larger than its share is read shard by shard (``None``: copied whole).
-        shuffle_window: rows a budgeted store's shuffle mixes at once (default: what an eighth of its
-            budget share holds, chosen when the run starts; a resume takes the checkpoint's).
+        shuffle_window: rows a budgeted store's shuffle mixes at once (default: an eighth of its budget share's).
         build_stores: ``prepare_data`` tokenizes a missing store (``"if_missing"``) or fails naming it
             (``"never"``); ``"auto"``: never for a remote ``cache_dir``, if_missing for a local one.
         mix_schedule: train weights that change over the run (``MixSchedule``); ``None``: the managers' weights.

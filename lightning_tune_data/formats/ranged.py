@@ -30,7 +30,8 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from lightning_tune_data.cache.cached_store import CachedStore, shuffle_window_for
+from lightning_tune_data.cache.cached_store import CachedStore
+from lightning_tune_data.cache.window_plan import plan_window
 from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM
 from lightning_tune_data.cache.local_disk import check_shard_cache_disk
 from lightning_tune_data.cache.node_cache import NODE_CACHE_FOLDER, NodeShardCache
@@ -152,7 +153,7 @@ class RangedCorpus(CachedStore):
         folder: the node's shard cache folder (``<local_cache_dir>/shard-cache``).
         budget: the node's ``cache_budget`` in bytes.
         share: this source's share of it.
-        window: ranges per shuffle window (``None``: derived from the share).
+        window: ``shuffle_window``, documents a shuffle window mixes (``None``: derived from the share).
         sharers: train sources sharing the budget (for messages).
         range_bytes: bytes of ids per range.
     """
@@ -177,8 +178,9 @@ class RangedCorpus(CachedStore):
                 f"cannot hold two byte ranges of its files (the range being read and the next, fetched ahead: up to "
                 f"{human_size(largest)} each). Raise cache_budget to at least "
                 f"{human_size(2 * largest * max(1, sharers))}.")
-        self.window = shuffle_window_for([max(1, entry["size"]) for entry in self.shards], self.share, window,
-                                         self.description, sharers)
+        self.sharers = int(sharers)
+        self.order = plan_window(self.shard_rows.tolist(), [max(1, entry["size"]) for entry in self.shards],
+                                 corpus.num_tokens, self.share, window, int(range_bytes), self.description, self.sharers)
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", files.path.rstrip("/").rsplit("/", 1)[-1]).strip("-.") or "corpus"
         protocol, rest = files.path.split("://", 1)
         bucket = f"{protocol}://{rest.split('/', 1)[0]}"  # the root is named only (the fetcher reads the files)

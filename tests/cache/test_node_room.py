@@ -8,7 +8,9 @@ import mmap
 import os
 from pathlib import Path
 
-from lightning_tune_data.cache.node_room import evict, eviction_order, make_room, node_contents, partial_size
+from lightning_tune_data.cache.node_room import (
+    evict, eviction_order, held_only_by, make_room, node_contents, partial_size,
+)
 from lightning_tune_data.cache.owners import claim, release
 from lightning_tune_data.cache.reader_positions import ReaderPositions
 
@@ -72,3 +74,26 @@ def test_a_file_any_process_maps_is_never_evicted_and_make_room_stops_at_what_fi
     assert make_room(tmp_path, 4096, 4096, lambda contents: contents) == (False, 4096)
     mapping.close()  # unmapped: the lock goes with it
     assert evict(first) and not first.exists()
+
+
+def test_held_only_by_names_the_one_process_holding_every_cached_shard(tmp_path):
+    import subprocess
+    import sys
+
+    shard = put(tmp_path / "a-1" / "0.x.arrow", 4096)
+    assert not held_only_by(tmp_path, os.getpid())  # nobody holds it
+    fd = os.open(shard, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    assert held_only_by(tmp_path, os.getpid())
+    other = put(tmp_path / "b-1" / "0.y.arrow", 4096)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_SH); "
+        "print('held', flush=True); time.sleep(60)"), str(other)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert not held_only_by(tmp_path, os.getpid())  # another reader holds a shard: waiting may help
+    finally:
+        holder.kill()
+        holder.wait()
+        os.close(fd)
+    assert not held_only_by(tmp_path, holder.pid)  # gone, and this process let go too

@@ -47,7 +47,7 @@ def test_the_quickstart_and_test_lines_are_present_verbatim() -> None:
     setup = 'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e '
     assert setup + ". && lightning-tune-data fit --config configs/quickstart.yaml" in bash
     tools = "pip install --no-deps litdata==0.2.76 mosaicml-streaming==0.13.0 && "
-    assert setup.replace("pip install -e ", tools + "pip install -e ") + '".[dev]" && python -m pytest -q' in bash
+    assert setup.replace("pip install -e ", tools + "pip install -e ") + '".[dev]" && python -m pytest -q -n 2' in bash
 
 
 def ci_test_line() -> str:
@@ -57,7 +57,7 @@ def ci_test_line() -> str:
 
 def test_the_quick_test_line_comes_first_and_the_full_line_is_the_one_ci_runs_both_with_their_duration() -> None:
     full = ci_test_line()
-    assert full.endswith("python -m pytest -q"), full
+    assert full.endswith("python -m pytest -q -n 2"), full
     quick = full + ' -m "not slow"'
     lines = [line for block in blocks("bash") for line in block.splitlines()]
     assert quick in lines and full in lines, "both test lines stand alone, verbatim"

@@ -18,7 +18,7 @@ from typing import Any
 
 import xxhash
 
-from lightning_tune_data.cache.cached_store import WINDOWS_KEPT
+from lightning_tune_data.cache.window_plan import WINDOWS_KEPT
 from lightning_tune_data.cache.checksums import CHECKSUM_ALGORITHM, READ_CHUNK_BYTES, verify_files
 from lightning_tune_data.cache.marker import COMPLETE_MARKER, marker_matches, read_cache_metadata
 from lightning_tune_data.cache.root import StoreRoot

@@ -21,7 +21,7 @@ import pytest
 import torch
 from conftest import BatchRecorder, make_texts, write_jsonl
 from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_tune_data import LocalDatasetManager, TextDataModule
 from lightning_tune_data.cache.cached_store import CachedStore
@@ -316,9 +316,10 @@ def test_two_ddp_ranks_of_a_node_share_its_shard_cache_and_download_each_shard_a
         if method == "GET" and "/shards/" in path and s3.prefix in path:
             gets[path] = gets.get(path, 0) + 1
     fetched = {path: count - before.get(path, 0) for path, count in gets.items() if count > before.get(path, 0)}
-    # the ranks share every download; a shard cut by blocks' edges serves the windows of those blocks and
-    # may be fetched for each (here blocks are a few rows, shards 4: up to 3), about 1.2x the shards in all
-    assert fetched and max(fetched.values()) <= 3 and sum(fetched.values()) <= 1.5 * len(fetched), fetched
+    # the ranks share every download (two ranks fetching for themselves would be 2x); a shard cut by
+    # blocks' edges serves the windows of those blocks and may be fetched again for each: at most
+    # about 1.5x the shards in all
+    assert fetched and sum(fetched.values()) <= 1.5 * len(fetched), fetched
 
 
 @pytest.mark.timeout(300)
@@ -339,6 +340,17 @@ def test_evicting_refetching_and_copying_out_held_documents_never_changes_a_batc
 
 
 # -- watching the cache -------------------------------------------------------------------------------
+class _RequestsAtLog(Callback):
+    """How many requests the S3 server had answered when the metrics were last logged."""
+
+    def __init__(self, s3) -> None:
+        self.s3, self.count = s3, 0
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step % 4 == 0:
+            self.count = len(self.s3.requests.log)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_cache_metrics_of_every_dataloader_worker_reach_metrics_csv_and_the_report(corpus, s3, tmp_path, caplog):
@@ -363,17 +375,25 @@ def test_the_cache_metrics_of_every_dataloader_worker_reach_metrics_csv_and_the_
     assert len(plans) == 2 and all("shuffle window of" in line and "downloads per pass at most" in line for line in plans)
     trainer = Trainer(accelerator="cpu", max_steps=8, logger=CSVLogger(tmp_path / "logs", name="run"), log_every_n_steps=4,
                       enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                      enable_checkpointing=False, callbacks=[DatasetMetricsCallback(log_every_n_steps=4)])
+                      enable_checkpointing=False,
+                      callbacks=[DatasetMetricsCallback(log_every_n_steps=4), requests_when_logged := _RequestsAtLog(s3)])
     trainer.fit(TinyCausalLM(vocab_size=dm.vocab_size, max_seq_len=48, d_model=16, n_layers=1, n_heads=2), datamodule=dm)
     [csv_path] = (tmp_path / "logs").rglob("metrics.csv")
     last: dict[str, float] = {}
     for row in read_metrics_csv(csv_path):
         last.update(row)
-    fetched = sum(shard_sizes[f"{name}/{path.split(name + '-', 1)[1].split('/', 1)[1]}"]
-                  for method, path in s3.requests.log[before:] if method == "GET" and "/shards/" in path
-                  for name in ROWS if f"/{name}-" in path)
-    # the workers read every shard; the main process none: their counts are what reached the log
-    assert sum(last[f"cache/{name}/downloaded_bytes"] for name in ROWS) == fetched > 0
+
+    def fetched(log: list) -> int:
+        return sum(shard_sizes[f"{name}/{path.split(name + '-', 1)[1].split('/', 1)[1]}"]
+                   for method, path in log[before:] if method == "GET" and "/shards/" in path
+                   for name in ROWS if f"/{name}-" in path)
+
+    # the workers read every shard, the main process none: what they counted by the last logged step
+    # is what the server had sent then, less the downloads still in flight (two workers, each a
+    # reader and a fetcher ahead); the workers go on fetching ahead after it
+    logged = sum(last[f"cache/{name}/downloaded_bytes"] for name in ROWS)
+    at_log = fetched(s3.requests.log[: requests_when_logged.count])
+    assert at_log - 4 * max(shard_sizes.values()) <= logged <= fetched(s3.requests.log) and logged > 0
     assert all(last[f"cache/{name}/misses"] > 0 and f"cache/{name}/hits" in last for name in ROWS)
     assert all(f"cache/{name}/{metric}" in last for name in ROWS for metric in ("evictions", "wait_s", "over_budget"))
     markdown = write_metrics_report(csv_path, tmp_path / "report").read_text(encoding="utf-8")

@@ -123,7 +123,7 @@ def main() -> int:
         "",
         f"Ratio online / static: **{cpu_ratio:.3f}** in main-process CPU time per step, {ratio:.3f} in wall time "
         f"(goal: <= 1.01). One compute thread; measured in {time.perf_counter() - started:.0f} s on a 2-core machine "
-        "shared with other jobs, whose load moves the wall time of a step by far more than 1% from run to run; "
+        "where load from other jobs moves the wall time of a step by far more than 1% from run to run; "
         "the CPU time of the main process is the steadier measure.",
     ]
     text = "\n".join(lines) + "\n"

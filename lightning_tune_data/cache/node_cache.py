@@ -329,10 +329,10 @@ class NodeShardCache:
                                                                        before),
                                        lambda item: self.counters.add("evictions"))
                 waited = time.monotonic() - started
-                # after the wait (at once when this process alone holds the shards: it would wait for itself),
-                # and when already over only while every holder runs (readers could wait for each other forever)
-                over = (not fits and must and (waited > ROOM_WAIT_S or held_only_by(self.node_folder, os.getpid()))
-                        and (used <= self.budget or not stopped_holders(self.node_folder)))
+                # after the wait, or once its readers let go (delay grew) when this process alone holds the shards;
+                # when already over, only while every holder runs (readers could wait for each other forever)
+                alone = delay > 0.01 and held_only_by(self.node_folder, os.getpid())  # it would wait for itself
+                over = not fits and must and (waited > ROOM_WAIT_S or alone) and (used <= self.budget or not stopped_holders(self.node_folder))
                 if fits or over:
                     if over:
                         _went_over_budget(self, used + size)

@@ -85,7 +85,7 @@ def _read_a_pass(store: CachedStore, rank: int, world: int, results) -> None:  #
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("readers", "windows"), [(1, 2), (3, 3)])
-def test_the_disk_never_holds_more_than_the_budget_and_one_shard_counting_files_still_mapped(tmp_path, monkeypatch,
+def test_the_disk_never_holds_more_than_the_budget_and_a_shard_per_reader_counting_files_still_mapped(tmp_path, monkeypatch,
                                                                                            readers, windows):
     monkeypatch.setattr(node_cache, "ROOM_WAIT_S", 0.5)  # readers a window apart wait for each other: briefly here
     monkeypatch.setattr(node_cache, "LOCK_WAIT_S", 30.0)
@@ -121,7 +121,10 @@ def test_the_disk_never_holds_more_than_the_budget_and_one_shard_counting_files_
     assert all(isinstance(count, int) for count in counts), counts
     assert sum(counts) == 24 * 16 - (24 * 16) % readers
     used, count = worst
-    assert used <= budget + max(sizes) + count * BLOCK, (used, count, budget, max(sizes))
+    # readers of windows that together outgrow the budget wait for each other, then go over by one shard
+    # each while all run (a reader slowed by the machine's load past the short wait here does too):
+    # never more than one shard per reader, however long the pass
+    assert used <= budget + readers * max(sizes) + count * BLOCK, (used, count, budget, max(sizes))
     assert used > budget // 2  # the readers did fill the cache
     assert not [path for path in node.rglob("*") if ".partial-" in path.name]
 

@@ -18,13 +18,14 @@ exactly. A controller must be deterministic: the same statistics give the same w
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["MixController", "OnlineDataMixing", "exploration_rate", "odm_policy"]
 
 
-class MixController:
+class MixController(ABC):
     """The protocol of a mixture controller (subclass it, or give any object with these methods).
 
     :meth:`start` is called once, before the first update, with the weights the run starts with.
@@ -37,6 +38,7 @@ class MixController:
             weights: the starting weights.
         """
 
+    @abstractmethod
     def update(self, step: int, stats: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
         """New weights by source name, from the interval that ended at optimizer step ``step``.
 
@@ -44,7 +46,6 @@ class MixController:
             step: the optimizer step the interval ended at (a multiple of ``mix_update_every``).
             stats: per source, the interval's ``loss``, ``tokens`` and ``documents`` (see the module).
         """
-        raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
         """Everything the next decisions depend on (plain Python values)."""

@@ -31,9 +31,7 @@ def _token_dtype(files: CorpusFiles, name: str, options: FormatOptions, fetched:
     dtype = _SIZES.get(size)
     if dtype is None:
         raise ValueError(f"{options.description}: {files.url(metadata)} records token size {size!r}; expected 2 or 4.")
-    if options.dtype is not None and options.dtype != dtype:
-        raise ValueError(f"{options.description}: dtype={options.dtype!r} but {files.url(metadata)} records {dtype}; "
-                         "remove the dtype option (the metadata says it).")
+    options.check_recorded_dtype(dtype, files.url(metadata), " (the metadata says it)")
     return dtype
 
 

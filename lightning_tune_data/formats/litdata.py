@@ -43,9 +43,7 @@ def _leaf_dtype(config: dict, where: str, options: FormatOptions) -> str:
     dtype = table.get(int(code)) if code.isdigit() else None
     if dtype is None:
         raise ValueError(f"{options.description}: {where} items are {formats[0]}, not integer token ids.")
-    if options.dtype is not None and options.dtype != dtype:
-        raise ValueError(f"{options.description}: dtype={options.dtype!r} but {where} records {dtype}; remove the "
-                         "dtype option.")
+    options.check_recorded_dtype(dtype, where)
     return dtype
 
 

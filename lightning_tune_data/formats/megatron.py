@@ -70,9 +70,7 @@ def open_megatron(files: CorpusFiles, names: list[str], options: FormatOptions) 
             continue
         index = stem + ".idx"
         dtype, lengths, pointers = read_megatron_index(indexes[index], files.url(index), options.description)
-        if options.dtype is not None and options.dtype != dtype:
-            raise ValueError(f"{options.description}: dtype={options.dtype!r} but {files.url(index)} records {dtype}; "
-                             "remove the dtype option (the index says it).")
+        options.check_recorded_dtype(dtype, files.url(index), " (the index says it)")
         width = np.dtype(dtype).itemsize
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         start = int(pointers[0]) if len(pointers) else 0

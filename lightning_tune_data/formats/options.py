@@ -46,3 +46,18 @@ class FormatOptions:
                 "(e.g. eos_id: 50256 for GPT-2 ids) or give the datamodule the tokenizer that wrote them."
             )
         return int(self.eos_id)
+
+    def check_recorded_dtype(self, dtype: str, where: str, why: str = "") -> None:
+        """Refuse a ``dtype`` option that contradicts the dtype a file records.
+
+        Args:
+            dtype: the dtype ``where`` records.
+            where: the file (its URL) that records it.
+            why: appended to the fix, e.g. ``" (the index says it)"``.
+
+        Raises:
+            ValueError: ``dtype`` was given and differs.
+        """
+        if self.dtype is not None and self.dtype != dtype:
+            raise ValueError(f"{self.description}: dtype={self.dtype!r} but {where} records {dtype}; remove the dtype "
+                             f"option{why}.")

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from bench_hotpath import PACKED_BATCH, SEQ, BlocksReader, flat_offsets, flat_tokens
-from common import Result, log, make_datamodule, median, real_tokens
+from common import Result, log, make_datamodule, median, parts_per_batch_us, real_tokens
 from peers import LITDATA_HINT, litdata_blocks_loader, litdata_version
 
 STRATEGIES = ("concat", "best_fit")
@@ -113,39 +113,10 @@ def cpu_per_batch(reader, batches: int) -> tuple[float, float]:
 
 
 def cpu_parts(make_batches, parts: dict[str, tuple[object, str]], batches: int) -> dict[str, float]:
-    """CPU µs per batch of each part (``name: (owner, attribute)``, a function or method wrapped with a
-    timer of this thread's CPU time) inside ``batches`` batches of the iterator ``make_batches()``
-    returns, and of the whole batch (``"whole"``, this process's CPU time); restored after. Each timed
-    call adds about a microsecond of timer calls to its part."""
-    spent = dict.fromkeys(parts, 0)
-    originals = {name: (owner, attribute, getattr(owner, attribute)) for name, (owner, attribute) in parts.items()}
-    clock = time.thread_time_ns
-
-    def timed(name: str, method):
-        def wrapper(*args, **kwargs):
-            start = clock()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                spent[name] += clock() - start
-        return wrapper
-
-    for name, (owner, attribute, method) in originals.items():
-        setattr(owner, attribute, timed(name, method))
-    try:
-        iterator = make_batches()
-        for _ in range(20):
-            next(iterator)
-        for name in spent:
-            spent[name] = 0
-        start = time.process_time_ns()
-        for _ in range(batches):
-            next(iterator)
-        whole = time.process_time_ns() - start
-    finally:
-        for owner, attribute, method in originals.values():
-            setattr(owner, attribute, method)
-    return {**{name: value / batches / 1e3 for name, value in spent.items()}, "whole": whole / batches / 1e3}
+    """CPU µs per batch of each part (``name: (owner, attribute)``, timed by this thread's CPU time)
+    inside ``batches`` batches of the iterator ``make_batches()`` returns, and of the whole batch
+    (``"whole"``, this process's CPU time): see :func:`common.parts_per_batch_us`."""
+    return parts_per_batch_us(make_batches, parts, batches, time.thread_time_ns, time.process_time_ns)
 
 
 def loader_parts(dm, strategy: str, batches: int) -> dict[str, float]:

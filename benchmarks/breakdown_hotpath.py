@@ -104,36 +104,9 @@ def permutation_us_per_document(num_rows: int, calls: int) -> float:
 
 def parts_in_loop_us(make_batches, parts: dict[str, tuple[object, str]], calls: int) -> dict[str, float]:
     """Wall µs per batch of each part (``name: (owner, method name)``) inside ``calls`` batches of
-    the iterator ``make_batches()`` returns (made after the methods are wrapped, so every lookup
-    finds the wrappers), and the whole batch (``"whole"``); the methods are restored after."""
-    spent = dict.fromkeys(parts, 0)
-    originals = {name: (owner, attribute, getattr(owner, attribute)) for name, (owner, attribute) in parts.items()}
-
-    def timed(name: str, method):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter_ns()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                spent[name] += time.perf_counter_ns() - start
-        return wrapper
-
-    for name, (owner, attribute, method) in originals.items():
-        setattr(owner, attribute, timed(name, method))
-    try:
-        batches = make_batches()
-        for _ in range(20):
-            next(batches)
-        for name in spent:
-            spent[name] = 0
-        start = time.perf_counter_ns()
-        for _ in range(calls):
-            next(batches)
-        whole = time.perf_counter_ns() - start
-    finally:
-        for owner, attribute, method in originals.values():
-            setattr(owner, attribute, method)
-    return {**{name: value / calls / 1e3 for name, value in spent.items()}, "whole": whole / calls / 1e3}
+    the iterator ``make_batches()`` returns, and the whole batch (``"whole"``): see
+    :func:`common.parts_per_batch_us`."""
+    return common.parts_per_batch_us(make_batches, parts, calls)
 
 
 def main() -> int:

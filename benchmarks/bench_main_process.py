@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -42,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Result, log  # noqa: E402
+from common import Result, log, package_at  # noqa: E402
 
 REPO_DIR = Path(__file__).resolve().parents[1]
 #: The package before compact batches and lazily built worker states ("today's" in the table).
@@ -61,14 +60,7 @@ GOAL_US = 300.0
 
 def base_package(data_dir: Path) -> Path:
     """The package as of ``BASE_COMMIT``, extracted from git once."""
-    target = data_dir / f"base-{BASE_COMMIT}"
-    if not (target / "lightning_tune_data" / "__init__.py").exists():
-        shutil.rmtree(target, ignore_errors=True)
-        target.mkdir(parents=True)
-        archive = subprocess.run(["git", "-C", str(REPO_DIR), "archive", BASE_COMMIT, "lightning_tune_data"],
-                                 capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
-    return target
+    return package_at(BASE_COMMIT, data_dir / f"base-{BASE_COMMIT}")
 
 
 def _cpu() -> float:

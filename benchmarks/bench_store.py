@@ -272,14 +272,9 @@ def _worker(spec: dict, pythonpath: Path) -> tuple[dict, float, float]:
 
 def old_release(data_dir: Path) -> Path:
     """The previous release's package, extracted from git once."""
-    target = data_dir / f"oldrel-{OLD_RELEASE}"
-    if not (target / "lightning_tune_data" / "__init__.py").exists():
-        shutil.rmtree(target, ignore_errors=True)
-        target.mkdir(parents=True)
-        archive = subprocess.run(["git", "-C", str(REPO_DIR), "archive", OLD_RELEASE, "lightning_tune_data"],
-                                 capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
-    return target
+    import common
+
+    return common.package_at(OLD_RELEASE, data_dir / f"oldrel-{OLD_RELEASE}")
 
 
 def text_inputs(data_dir: Path, docs: int) -> dict:

@@ -11,7 +11,9 @@ import gc
 import json
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -327,3 +329,14 @@ def parts_per_batch_us(make_batches: Callable[[], Any], parts: dict[str, tuple[o
         for owner, attribute, method in originals.values():
             setattr(owner, attribute, method)
     return {**{name: value / batches / 1e3 for name, value in spent.items()}, "whole": whole / batches / 1e3}
+
+
+def package_at(commit: str, target: Path) -> Path:
+    """The package as of git ``commit``, extracted into ``target`` once (reused while it is whole)."""
+    if not (target / "lightning_tune_data" / "__init__.py").exists():
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "archive", commit,
+                                  "lightning_tune_data"], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target

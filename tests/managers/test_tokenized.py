@@ -40,16 +40,22 @@ def datamodule(root: Path, **options) -> TextDataModule:
     return TextDataModule({"train": managers}, **{**settings, **options})
 
 
-def fit(root: Path, run: Path, ckpt_path: str | None = None, **options) -> BatchRecorder:
+def recorded_fit(make_datamodule, run: Path, ckpt_path: str | None = None) -> tuple[BatchRecorder, TextDataModule]:
+    """A fit to FINAL_STEP recording its batches, checkpointing every CHECKPOINT_STEP into ``run/ckpt``."""
     seed_everything(0)
     recorder = BatchRecorder()
     trainer = Trainer(accelerator="cpu", max_steps=FINAL_STEP, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, limit_val_batches=0, default_root_dir=run,
                       callbacks=[recorder, ModelCheckpoint(dirpath=run / "ckpt", every_n_train_steps=CHECKPOINT_STEP,
                                                            save_top_k=-1)])
+    dm = make_datamodule()
     model = TinyCausalLM(vocab_size=1024, max_seq_len=48, d_model=16, n_layers=1, n_heads=2)
-    trainer.fit(model, datamodule=datamodule(root, **options), ckpt_path=ckpt_path)
-    return recorder
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    return recorder, dm
+
+
+def fit(root: Path, run: Path, ckpt_path: str | None = None, **options) -> BatchRecorder:
+    return recorded_fit(lambda: datamodule(root, **options), run, ckpt_path)[0]
 
 
 @pytest.mark.parametrize(("packing", "num_workers"), [(None, 0), ("best_fit", 2)])
@@ -159,16 +165,9 @@ def ranged_fit(root: Path, s3, run: Path, packing: str, ckpt_path: str | None = 
     """A fit on the remote corpus read by 2 KB ranges under a 16 KB node budget (8 KB its share)."""
     managers = {"web": TokenizedDatasetManager(f"{s3.url}/corpus/", weight=0.6, storage_options=s3.storage_options),
                 "text": LocalDatasetManager(data_files=str(root / "text.jsonl"), weight=0.4)}
-    seed_everything(0)
-    recorder = BatchRecorder()
-    trainer = Trainer(accelerator="cpu", max_steps=FINAL_STEP, logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, limit_val_batches=0, default_root_dir=run,
-                      callbacks=[recorder, ModelCheckpoint(dirpath=run / "ckpt", every_n_train_steps=CHECKPOINT_STEP,
-                                                           save_top_k=-1)])
-    dm = TextDataModule({"train": managers}, max_seq_len=48, batch_size=4, seed=3, cache_dir=str(root / "cache"),
-                        mix_by="tokens", packing=packing, cache_budget=16384, **options)
-    model = TinyCausalLM(vocab_size=1024, max_seq_len=48, d_model=16, n_layers=1, n_heads=2)
-    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    recorder, dm = recorded_fit(
+        lambda: TextDataModule({"train": managers}, max_seq_len=48, batch_size=4, seed=3, cache_dir=str(root / "cache"),
+                               mix_by="tokens", packing=packing, cache_budget=16384, **options), run, ckpt_path)
     assert isinstance(dm.dataset("train", "web"), RangedCorpus)
     return recorder
 

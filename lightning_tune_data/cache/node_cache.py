@@ -331,7 +331,7 @@ class NodeShardCache:
                 waited = time.monotonic() - started
                 # after the wait, or once its readers let go (delay grew) when this process alone holds the shards;
                 # when already over, only while every holder runs (readers could wait for each other forever)
-                alone = delay > 0.01 and held_only_by(self.node_folder, os.getpid())  # it would wait for itself
+                alone = not fits and must and delay > 0.01 and held_only_by(self.node_folder, os.getpid())  # waits for itself
                 over = not fits and must and (waited > ROOM_WAIT_S or alone) and (used <= self.budget or not stopped_holders(self.node_folder))
                 if fits or over:
                     if over:

@@ -204,7 +204,6 @@ class ResumableLoader:
         without ``__next__``'s profiler range (under a running profiler, ``__next__`` itself), with
         its bookkeeping (the count of batches yielded, the end), and a compact batch's arrays
         wrapped as tensors."""
-        pin_memory = bool(getattr(batches, "_pin_memory", False))
 
         def fetch() -> Any:
             if torch.autograd._profiler_enabled() or batches._sampler_iter is None:
@@ -216,7 +215,7 @@ class ResumableLoader:
                     batches._finished = True
                     return _END
                 batches._num_yielded += 1
-            return _END if batch is _END else compact_tensors(batch, pin_memory)
+            return _END if batch is _END else compact_tensors(batch)
 
         return fetch
 

@@ -17,6 +17,7 @@ The corpus pickles as its description (no mappings), so it travels into dataload
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,9 @@ class CorpusFile:
             read from byte ``loss_start``.
         loss_start: byte offset of the first token's mask byte in ``loss_path``.
         identity: ``{"url", "size", "stamp"}`` of the files read (recorded at first open).
+        decoder: for a file whose ids are not stored as one run (compressed MDS shards, items with
+            size headers) and that is read through the node cache: turns the file's bytes (``path``
+            is its URL) into its ids, when the cache fetches it (picklable).
     """
 
     name: str
@@ -55,6 +59,7 @@ class CorpusFile:
     loss_path: str | None = None
     loss_start: int = 0
     identity: list[dict[str, Any]] = field(default_factory=list)
+    decoder: Callable[[bytes], np.ndarray] | None = None
 
     @property
     def documents(self) -> int:

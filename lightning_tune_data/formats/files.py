@@ -151,6 +151,12 @@ class CorpusFiles:
             self._bytes = sum(info["size"] for info in self.listing().values())
         return self._bytes > self.budget_share
 
+    @property
+    def budgeted(self) -> bool:
+        """Whether files that must be decoded (compressed or with per-item headers) are decoded into
+        the node's shard cache, under ``cache_budget``: a remote corpus with a budget."""
+        return self.remote and self.budget_share is not None
+
     def fs_path(self, name: str) -> str:
         """``name`` (a listed file, or the URL of one) as its filesystem names it."""
         return name.split("://", 1)[1] if "://" in name else name

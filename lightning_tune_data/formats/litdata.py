@@ -12,6 +12,7 @@ headers are read to open a ``TokensLoader`` dataset. Compressed or encrypted chu
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import numpy as np
 
@@ -19,8 +20,9 @@ from lightning_tune_data.formats.corpus import CorpusFile
 from lightning_tune_data.formats.files import CorpusFiles
 from lightning_tune_data.formats.kept import kept_arrays, kept_folder, kept_path
 from lightning_tune_data.formats.options import FormatOptions
+from lightning_tune_data.formats.runs import gather_runs
 
-__all__ = ["is_litdata_index", "open_litdata"]
+__all__ = ["is_litdata_index", "open_litdata", "pytree_tokens", "tokens_loader_tokens"]
 
 #: LitData's ``no_header_tensor:<k>`` codes (torch dtypes) and ``no_header_numpy:<k>`` codes.
 _TENSOR_DTYPES = {11: "uint8", 12: "int8", 13: "int16", 14: "int16", 15: "int32", 16: "int32", 17: "int64",
@@ -47,23 +49,39 @@ def _leaf_dtype(config: dict, where: str, options: FormatOptions) -> str:
     return dtype
 
 
-def _decode_pytree(data: bytes, dtype: str) -> dict[str, np.ndarray]:
-    count = int(np.frombuffer(data, "<u4", 1)[0])
-    offsets = np.frombuffer(data, "<u4", count + 1, 4).astype(np.int64)
-    pieces = [np.frombuffer(data, dtype, (int(b) - int(a) - 4) // np.dtype(dtype).itemsize, int(a) + 4)
-              for a, b in zip(offsets[:-1], offsets[1:])]
-    lengths = np.array([len(piece) for piece in pieces], dtype=np.int64)
-    tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype)
-    return {"tokens": tokens, "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)}
+def pytree_tokens(data: bytes, dtype: str) -> np.ndarray:
+    """A ``PyTreeLoader`` chunk's ids (each item a ``uint32`` leaf size, then the ids), every item
+    at once, joined.
+
+    Args:
+        data: the chunk's bytes.
+        dtype: the ids' dtype.
+    """
+    offsets = _item_bytes(data)
+    return gather_runs(data, offsets[:-1] + 4, _pytree_counts(offsets, dtype), dtype)
 
 
-def _decode_tokens(data: bytes, dtype: str) -> dict[str, np.ndarray]:
-    """A ``TokensLoader`` chunk whose ids are not aligned in the file (a header of an odd number of
-    words before 8-byte ids), copied out into one aligned token array."""
+def tokens_loader_tokens(data: bytes, dtype: str) -> np.ndarray:
+    """A ``TokensLoader`` chunk's ids, copied out aligned (a header of an odd number of words
+    leaves 8-byte ids unaligned in the file).
+
+    Args:
+        data: the chunk's bytes.
+        dtype: the ids' dtype.
+    """
+    offsets = _item_bytes(data)
+    return np.frombuffer(data[int(offsets[0]) : int(offsets[-1])], dtype=dtype).copy()
+
+
+def _item_bytes(data: bytes) -> np.ndarray:
+    """A chunk's item byte offsets (count + 1), from its header."""
     count = int(np.frombuffer(data, "<u4", 1)[0])
-    offsets = np.frombuffer(data, "<u4", count + 1, 4).astype(np.int64)
-    tokens = np.frombuffer(data[int(offsets[0]) : int(offsets[-1])], dtype=dtype).copy()
-    return {"tokens": tokens, "offsets": (offsets - offsets[0]) // np.dtype(dtype).itemsize}
+    return np.frombuffer(data, "<u4", count + 1, 4).astype(np.int64)
+
+
+def _pytree_counts(offsets: np.ndarray, dtype: str) -> np.ndarray:
+    """Each ``PyTreeLoader`` item's id count from the chunk's item byte offsets (less its leaf size)."""
+    return (np.diff(offsets) - 4) // np.dtype(dtype).itemsize
 
 
 def open_litdata(files: CorpusFiles, names: list[str], options: FormatOptions) -> list[CorpusFile]:
@@ -73,9 +91,12 @@ def open_litdata(files: CorpusFiles, names: list[str], options: FormatOptions) -
         ValueError: compressed or encrypted chunks, items that are not one integer array, a chunk
             listed but missing, or a chunk whose header does not match the index.
     """
-    listing, result = files.listing(), []
-    for index in [name for name in names if name.rsplit("/", 1)[-1] == "index.json"]:
-        content = json.loads(files.read_many([index])[index])  # fetched once per node
+    listing = files.listing()
+    indexes = [name for name in names if name.rsplit("/", 1)[-1] == "index.json"]
+    contents = {index: json.loads(data) for index, data in files.read_many(indexes).items()}  # once per node
+    chunks: list[tuple[str, str, str, bool, np.ndarray]] = []  # (index, chunk, dtype, tokens loader, header)
+    for index in indexes:
+        content = contents[index]
         if not is_litdata_index(content):
             continue
         where, config = files.url(index), content.get("config") or {}
@@ -97,18 +118,32 @@ def open_litdata(files: CorpusFiles, names: list[str], options: FormatOptions) -
             if len(header) != count + 2 or int(header[0]) != count or header[-1] != listing[name]["size"]:
                 raise ValueError(f"{options.description}: {files.url(name)}'s header does not match {where} (or the "
                                  "chunk is truncated); copy the dataset again.")
-            identity = [files.identity(name), files.identity(index)]
-            width = np.dtype(dtype).itemsize
-            if tokens_loader and int(header[1]) % width == 0:  # ids aligned in the file: read in place
-                bytes_at = header[1:]
-                offsets = (bytes_at - bytes_at[0]) // width
-                result.append(CorpusFile(files.url(name), dtype, offsets.astype(np.int64), path=files.local(name),
-                                         start=int(bytes_at[0]), identity=identity))
-                continue
-            kept_at = kept_folder(options.local_dir, f"litdata-{dtype}-{tokens_loader}", files.identity(name))
-            decode = _decode_tokens if tokens_loader else _decode_pytree
-            kept = kept_arrays(kept_at, lambda name=name, decode=decode: decode(files.read_bytes(name), dtype))
-            path, start = kept_path(kept_at, "tokens")
-            result.append(CorpusFile(files.url(name), dtype, np.asarray(kept["offsets"]), path=path, start=start,
-                                     identity=identity))
-    return result
+            chunks.append((index, name, dtype, tokens_loader, header[1:]))
+    in_place = [loader and int(at[0]) % np.dtype(dtype).itemsize == 0 for _, _, dtype, loader, at in chunks]
+    # a remote corpus with chunks to decode and a budget: every chunk is read through the node cache
+    cached = files.budgeted and not all(in_place)
+    return [_chunk_file(files, options, *chunk, in_place=here, cached=cached) for chunk, here in zip(chunks, in_place)]
+
+
+def _chunk_file(files: CorpusFiles, options: FormatOptions, index: str, name: str, dtype: str, tokens_loader: bool,
+                bytes_at: np.ndarray, in_place: bool, cached: bool) -> CorpusFile:
+    """One chunk: read in place (a ``TokensLoader`` chunk whose ids are aligned), decoded into the
+    node cache (``cached``), or decoded once into a kept token file."""
+    identity = [files.identity(name), files.identity(index)]
+    width = np.dtype(dtype).itemsize
+    if tokens_loader:
+        offsets = (bytes_at - bytes_at[0]) // width
+    else:
+        offsets = np.concatenate([[0], np.cumsum(_pytree_counts(bytes_at, dtype))]).astype(np.int64)
+    if in_place:
+        path = files.url(name) if cached else files.local(name)
+        return CorpusFile(files.url(name), dtype, offsets.astype(np.int64), path=path, start=int(bytes_at[0]),
+                          identity=identity)
+    decode = partial(tokens_loader_tokens if tokens_loader else pytree_tokens, dtype=dtype)
+    if cached:
+        return CorpusFile(files.url(name), dtype, offsets.astype(np.int64), path=files.url(name), identity=identity,
+                          decoder=decode)
+    kept_at = kept_folder(options.local_dir, f"litdata-{dtype}-{tokens_loader}", files.identity(name))
+    kept_arrays(kept_at, lambda: {"tokens": decode(files.read_bytes(name))})
+    path, start = kept_path(kept_at, "tokens")
+    return CorpusFile(files.url(name), dtype, offsets.astype(np.int64), path=path, start=start, identity=identity)

@@ -12,6 +12,7 @@ compressed, so each shard is decoded once per node into one token file (kept, se
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -20,8 +21,9 @@ from lightning_tune_data.formats.corpus import CorpusFile
 from lightning_tune_data.formats.files import CorpusFiles
 from lightning_tune_data.formats.kept import kept_arrays, kept_folder, kept_path
 from lightning_tune_data.formats.options import FormatOptions
+from lightning_tune_data.formats.runs import gather_runs, read_u32_at
 
-__all__ = ["is_mds_index", "open_mds"]
+__all__ = ["MdsShardDecoder", "is_mds_index", "open_mds"]
 
 _VALUE_DTYPES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 32: "uint32", 33: "int32", 64: "uint64", 65: "int64"}
 _SHAPE_DTYPES = {0: "uint8", 1: "uint16", 2: "uint32", 3: "uint64"}
@@ -46,41 +48,89 @@ def _column(shard: dict, where: str, options: FormatOptions) -> tuple[int, str]:
     return at, encoding
 
 
-def _ids(value: memoryview, encoding: str, dtype: str | None) -> np.ndarray:
-    """One sample's ids from its column bytes (MDS's ``ndarray`` or ``bytes`` encoding)."""
+def _value_runs(raw: np.ndarray, starts: np.ndarray, sizes: np.ndarray, encoding: str,
+                dtype: str | None) -> tuple[np.ndarray, np.ndarray, str]:
+    """Where each sample's ids are: ``(first byte, bytes, dtype)`` from its column's bytes (MDS's
+    ``ndarray`` encodings: an optional dtype byte, an optional shape, then the values; or ``bytes``)."""
     if encoding == "bytes":
-        return np.frombuffer(value, dtype=dtype or "int64")
+        return starts, sizes, dtype or "int64"
     parts = encoding.split(":")
-    at, value_dtype = 0, parts[1] if len(parts) > 1 else None
-    if value_dtype is None:
-        value_dtype, at = _VALUE_DTYPES[value[0]], 1
-    if len(parts) < 3:  # the shape is in the sample
-        byte = value[at]
-        ndim, shape_width = byte >> 2, np.dtype(_SHAPE_DTYPES[byte & 3]).itemsize
-        at += 1 + ndim * shape_width
-    return np.frombuffer(value[at:], dtype=value_dtype)
+    value_dtype, at = (parts[1] if len(parts) > 1 else None), np.zeros(len(starts), np.int64)
+    if value_dtype is None:  # the dtype is in each sample
+        codes = np.unique(raw[starts]).tolist() if len(starts) else []
+        if len(codes) > 1 or any(code not in _VALUE_DTYPES for code in codes):
+            raise ValueError(f"samples hold ids of several or unknown dtypes (codes {codes})")
+        value_dtype, at = (_VALUE_DTYPES[codes[0]] if codes else "int32"), at + 1
+    if len(parts) < 3:  # the shape is in each sample: one byte (dimensions, shape width), then the shape
+        byte = raw[starts + at].astype(np.int64)
+        shape_width = np.array([np.dtype(_SHAPE_DTYPES[k]).itemsize for k in range(4)], np.int64)[byte & 3]
+        at = at + 1 + (byte >> 2) * shape_width
+    return starts + at, sizes - at, value_dtype
 
 
 def _decode(data: bytes, shard: dict, at: int, encoding: str, options: FormatOptions) -> dict[str, np.ndarray]:
-    view = memoryview(data)
-    count = int(np.frombuffer(view, "<u4", 1)[0])
-    offsets = np.frombuffer(view, "<u4", count + 1, 4).astype(np.int64)
-    sizes = shard.get("column_sizes") or [None] * len(shard["column_names"])
-    variable = [i for i, size in enumerate(sizes) if size is None]
-    pieces = []
-    for first, end in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
-        heads = np.frombuffer(view, "<u4", len(variable), first).tolist() if variable else []
-        lengths = [sizes[i] if sizes[i] is not None else heads[variable.index(i)] for i in range(len(sizes))]
-        start = first + 4 * len(variable) + sum(lengths[:at])
-        pieces.append(_ids(view[start : start + lengths[at]], encoding, options.dtype))
-    dtypes = {piece.dtype.name for piece in pieces}
-    if len(dtypes) > 1:
-        raise ValueError(f"{options.description}: the samples of a shard hold ids of several dtypes {sorted(dtypes)}.")
-    lengths = np.array([len(piece) for piece in pieces], dtype=np.int64)
-    tokens = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
-    if tokens.dtype.kind not in "iu":
-        raise ValueError(f"{options.description}: the MDS column holds {tokens.dtype} values, not integer token ids.")
-    return {"tokens": tokens, "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)}
+    """A shard's ids (one array) and its samples' boundaries, every sample at once."""
+    raw = np.frombuffer(data, np.uint8)
+    count = int(read_u32_at(raw, np.zeros(1, np.int64))[0])
+    samples = read_u32_at(raw, 4 + 4 * np.arange(count + 1, dtype=np.int64))[:-1]
+    fixed = shard.get("column_sizes") or [None] * len(shard["column_names"])
+    variable = [i for i, size in enumerate(fixed) if size is None]
+    heads = {i: read_u32_at(raw, samples + 4 * j) for j, i in enumerate(variable)}
+    lengths = [heads[i] if fixed[i] is None else np.full(count, int(fixed[i]), np.int64) for i in range(len(fixed))]
+    column = samples + 4 * len(variable) + sum((lengths[i] for i in range(at)), np.zeros(count, np.int64))
+    starts, value_bytes, dtype = _value_runs(raw, column, lengths[at], encoding, options.dtype)
+    if np.dtype(dtype).kind not in "iu":
+        raise ValueError(f"the MDS column holds {dtype} values, not integer token ids.")
+    counts = value_bytes // np.dtype(dtype).itemsize
+    tokens = gather_runs(raw, starts, counts, dtype)
+    return {"tokens": tokens, "offsets": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)}
+
+
+@dataclass(frozen=True)
+class MdsShardDecoder:
+    """Turns one shard's stored bytes (zstd-compressed or not) into its token ids; picklable, so a
+    node-cache fetch in any process can decode the shard again.
+
+    Args:
+        shard: the shard's entry in ``index.json``.
+        column: the position of the ids' column.
+        encoding: that column's MDS encoding.
+        options: the source's format options.
+        url: the shard's URL (for messages).
+    """
+
+    shard: dict
+    column: int
+    encoding: str
+    options: FormatOptions
+    url: str
+
+    def decoded(self, data: bytes) -> dict[str, np.ndarray]:
+        """``{"tokens", "offsets"}`` of the shard's bytes.
+
+        Raises:
+            ValueError: a codec other than zstd, or bytes that do not hold the samples the headers say.
+        """
+        if self.shard.get("zip_data"):
+            codec = str(self.shard.get("compression") or "").split(":")[0]
+            if codec != "zstd":
+                raise ValueError(f"{self.options.description}: {self.url} is {codec}-compressed; only zstd "
+                                 "(llm-foundry's choice) or uncompressed shards are read.")
+            data = pa.decompress(data, int(self.shard["raw_data"]["bytes"]), codec="zstd", asbytes=True)
+        try:
+            return _decode(data, self.shard, self.column, self.encoding, self.options)
+        except ValueError as error:
+            raise ValueError(f"{self.options.description}: {self.url}: {error}; write the dataset again with "
+                             "MDSWriter.") from None
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        """The shard's ids, from its stored bytes."""
+        return self.decoded(data)["tokens"]
+
+
+def _offsets_and_dtype(decoded: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What is kept of a shard decoded at open when its ids go to the node cache: boundaries, dtype."""
+    return {"offsets": decoded["offsets"], "dtype": np.array([decoded["tokens"].dtype.name])}
 
 
 def open_mds(files: CorpusFiles, names: list[str], options: FormatOptions) -> list[CorpusFile]:
@@ -103,20 +153,20 @@ def open_mds(files: CorpusFiles, names: list[str], options: FormatOptions) -> li
                 raise ValueError(f"{options.description}: {where} lists {stored['basename']} of {stored['bytes']} bytes; "
                                  f"it is {'missing' if name not in listing else 'of another size'}. Copy the dataset again.")
 
-            def decode(name: str = name, shard: dict = shard, at: int = at, encoding: str = encoding) -> dict:
-                data = files.read_bytes(name)
-                if shard.get("zip_data"):
-                    codec = str(shard.get("compression") or "").split(":")[0]
-                    if codec != "zstd":
-                        raise ValueError(f"{options.description}: {files.url(name)} is {codec}-compressed; only zstd "
-                                         "(llm-foundry's choice) or uncompressed shards are read.")
-                    data = pa.decompress(data, int(shard["raw_data"]["bytes"]), codec="zstd", asbytes=True)
-                return _decode(data, shard, at, encoding, options)
-
-            kept_at = kept_folder(options.local_dir, f"mds-{options.column}-{options.dtype}", files.identity(name))
-            kept = kept_arrays(kept_at, decode)
+            decoder = MdsShardDecoder(shard, at, encoding, options, files.url(name))
+            identity = [files.identity(name), files.identity(index)]
+            if files.budgeted:  # decoded shard by shard into the node cache, under cache_budget
+                kept_at = kept_folder(options.local_dir, f"mds-offsets-{options.column}-{options.dtype}", identity[0])
+                kept = kept_arrays(kept_at, lambda name=name, decoder=decoder: _offsets_and_dtype(
+                    decoder.decoded(files.read_bytes(name))))
+                dtype = str(kept["dtype"][0])
+                result.append(CorpusFile(files.url(name), dtype, np.asarray(kept["offsets"]), path=files.url(name),
+                                         identity=identity, decoder=decoder))
+                continue
+            kept_at = kept_folder(options.local_dir, f"mds-{options.column}-{options.dtype}", identity[0])
+            kept = kept_arrays(kept_at, lambda name=name, decoder=decoder: decoder.decoded(files.read_bytes(name)))
             path, start = kept_path(kept_at, "tokens")
             dtype = kept["tokens"].dtype.name
             result.append(CorpusFile(files.url(name), dtype, np.asarray(kept["offsets"]), path=path, start=start,
-                                     identity=[files.identity(name), files.identity(index)]))
+                                     identity=identity))
     return result

@@ -74,11 +74,12 @@ class RangeFetcher:
 
     Args:
         files: the corpus's files.
-        memory: ids held in memory by file number (documents joined across llm.c files).
+        memory: by file number, ids held in memory (documents joined across llm.c files), or the
+            decoder of a file read whole and decoded (an MDS shard, a LitData chunk with item headers).
         retries: how failing reads are retried.
     """
 
-    def __init__(self, files: CorpusFiles, memory: dict[int, np.ndarray], retries: FetchRetries = FetchRetries()) -> None:
+    def __init__(self, files: CorpusFiles, memory: dict[int, Any], retries: FetchRetries = FetchRetries()) -> None:
         self.files, self.memory, self.retries = files, memory, retries
 
     def _check_unchanged(self, url: str, size: int, stamp: str) -> None:
@@ -128,13 +129,23 @@ class RangeFetcher:
                  on_bytes: Any) -> None:
         """Write range ``entry``'s bytes to ``target`` (the node cache renames it into place); the
         node cache's arguments ``store``, ``relative`` and ``retries`` are not needed."""
-        parts: list[bytes] = []
+        parts: list[Any] = []
         if "memory" in entry:
             parts.append(self.memory[entry["memory"]][entry["first"] : entry["end"]].tobytes())
         else:
             for url, start, end, size, stamp in entry["reads"]:
                 self._check_unchanged(url, size, stamp)
                 parts.append(self._read(url, start, end))
+        if "decode" in entry:
+            try:
+                tokens = self.memory[entry["decode"]](parts[0])
+            except ValueError as error:
+                raise DataSourceError(str(error)) from None
+            if tokens.nbytes != entry["size"]:
+                raise DataSourceError(
+                    f"{self.files.description}: {entry['reads'][0][0]} decodes to {tokens.nbytes} bytes of ids, "
+                    f"{entry['size']} when the corpus was opened: it changed. Restore it, or start the data again.")
+            parts = [memoryview(np.ascontiguousarray(tokens)).cast("B")]
         with open(target, "wb") as handle:
             for part in parts:
                 handle.write(part)
@@ -198,6 +209,16 @@ class RangedCorpus(CachedStore):
             identity = {item["url"]: item for item in entry.identity}
             if entry.tokens is not None:
                 memory[number] = entry.tokens
+            if entry.decoder is not None:  # decoded whole: one unit per file (a shard of MDS, a chunk of LitData)
+                size = int(identity[entry.path]["size"])
+                key = xxhash.xxh3_64(repr((entry.name, size, identity[entry.path]["stamp"], entry.dtype,
+                                           "decoded")).encode()).hexdigest()
+                shards.append({"file": number, "documents": (0, entry.documents), "rows": entry.documents,
+                               "size": entry.num_tokens * width, "decode": number,
+                               "reads": [(entry.path, 0, size, size, str(identity[entry.path]["stamp"]))],
+                               "path": f"ranges/{number:06d}/decoded.ids", CHECKSUM_ALGORITHM: key})
+                memory[number] = entry.decoder
+                continue
             for part, (first, end) in enumerate(cut_ranges(entry.offsets, width, range_bytes)):
                 lo, hi = int(entry.offsets[first]), int(entry.offsets[end])
                 item: dict[str, Any] = {"file": number, "documents": (first, end), "rows": end - first,

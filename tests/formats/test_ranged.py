@@ -9,7 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenized_writers import documents, write_datatrove, write_llmc, write_megatron
+from tokenized_writers import (
+    documents,
+    litdata_documents,
+    mds_documents,
+    write_datatrove,
+    write_litdata,
+    write_llmc,
+    write_mds,
+    write_megatron,
+)
 
 from lightning_tune_data import TokenizedDatasetManager
 from lightning_tune_data.cache.root import StoreRoot
@@ -71,6 +80,34 @@ def test_a_corpus_larger_than_its_budget_reads_the_local_documents_within_budget
     assert not list((tmp_path / "node" / LOCAL_COPIES_FOLDER).rglob("*.bin"))  # never copied whole
     bins = sum(s3.requests.gets(f"corpus/part-{n}.bin") for n in range(3))
     assert bins >= corpus.num_shards  # read range by range (some again after eviction)
+
+
+@pytest.mark.parametrize("format", ["mds", "litdata"])
+def test_shards_to_decode_are_units_of_the_node_cache_within_budget(tmp_path: Path, s3, format) -> None:
+    docs = documents(300, seed=17, longest=60)
+    if format == "mds":
+        write_mds(tmp_path / "corpus", docs, "zstd")  # 64 shards of about 700 bytes
+    else:
+        write_litdata(tmp_path / "corpus", docs, tokens_loader=False)  # items with a size header each
+    upload(s3, tmp_path / "corpus", "corpus")
+    budget = 4096  # of about 36 KB (MDS: int32) or 18 KB (LitData: uint16) of decoded ids
+    manager = TokenizedDatasetManager(f"{s3.url}/corpus/", storage_options=s3.storage_options)
+    corpus = manager.setup(None, root(tmp_path, budget))
+    assert isinstance(corpus, RangedCorpus) and all("decode" in entry for entry in corpus.shards)
+    assert corpus.num_tokens * np.dtype(corpus.corpus.dtype).itemsize > 4 * budget
+    largest, seen = max(entry["size"] for entry in corpus.shards), []
+    for number, sample in enumerate(CorpusSource(corpus, "web", seed=5, num_passes=1)):
+        seen.append(sample["input_ids"].tolist())
+        if number % 10 == 0:
+            on_disk = sum(p.stat().st_size for p in (tmp_path / "node" / "shard-cache").rglob("*") if p.is_file())
+            assert corpus.cache.node_usage() <= budget + largest and on_disk <= budget + largest
+    theirs = mds_documents(tmp_path / "corpus") if format == "mds" else litdata_documents(tmp_path / "corpus")
+    assert sorted(seen) == sorted(doc.tolist() for doc in theirs) == sorted(doc.tolist() for doc in docs)
+    outside = [p for p in (tmp_path / "node" / LOCAL_COPIES_FOLDER).rglob("*") if p.is_file()]
+    assert not [p for p in outside if p.name == "tokens.npy"]  # no decoded copy outside the budget
+    index = (tmp_path / "corpus" / "index.json").stat().st_size
+    bound = index + len(corpus.shards) * 512 + 8 * len(docs)  # index, headers, boundaries: documented bound
+    assert sum(p.stat().st_size for p in outside) <= bound
 
 
 def _read_in_child(corpus: RangedCorpus, queue) -> None:  # noqa: ANN001

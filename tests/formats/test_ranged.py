@@ -5,6 +5,7 @@ budget plus one range, ranges shared by the node's readers, a file changed under
 from __future__ import annotations
 
 import multiprocessing
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +103,7 @@ def test_shards_to_decode_are_units_of_the_node_cache_within_budget(tmp_path: Pa
             on_disk = sum(p.stat().st_size for p in (tmp_path / "node" / "shard-cache").rglob("*") if p.is_file())
             assert corpus.cache.node_usage() <= budget + largest and on_disk <= budget + largest
     theirs = mds_documents(tmp_path / "corpus") if format == "mds" else litdata_documents(tmp_path / "corpus")
+    assert read_all(pickle.loads(pickle.dumps(corpus)), seed=5) == seen  # as a dataloader worker reads it
     assert sorted(seen) == sorted(doc.tolist() for doc in theirs) == sorted(doc.tolist() for doc in docs)
     outside = [p for p in (tmp_path / "node" / LOCAL_COPIES_FOLDER).rglob("*") if p.is_file()]
     assert not [p for p in outside if p.name == "tokens.npy"]  # no decoded copy outside the budget

@@ -127,8 +127,9 @@ def open_litdata(files: CorpusFiles, names: list[str], options: FormatOptions) -
 
 def _chunk_file(files: CorpusFiles, options: FormatOptions, index: str, name: str, dtype: str, tokens_loader: bool,
                 bytes_at: np.ndarray, in_place: bool, cached: bool) -> CorpusFile:
-    """One chunk: read in place (a ``TokensLoader`` chunk whose ids are aligned), decoded into the
-    node cache (``cached``), or decoded once into a kept token file."""
+    """One chunk: read in place (a ``TokensLoader`` chunk, or ``PyTreeLoader`` items' ids between
+    their sizes, when the ids are aligned), decoded into the node cache (``cached``), or decoded
+    once into a kept token file."""
     identity = [files.identity(name), files.identity(index)]
     width = np.dtype(dtype).itemsize
     if tokens_loader:
@@ -139,6 +140,10 @@ def _chunk_file(files: CorpusFiles, options: FormatOptions, index: str, name: st
         path = files.url(name) if cached else files.local(name)
         return CorpusFile(files.url(name), dtype, offsets.astype(np.int64), path=path, start=int(bytes_at[0]),
                           identity=identity)
+    runs = bytes_at[:-1] + 4  # a PyTreeLoader item's ids, after its leaf size
+    if not tokens_loader and not cached and len(runs) and not np.any(runs % width):  # in place, between the sizes
+        return CorpusFile(files.url(name), dtype, offsets.astype(np.int64), path=files.local(name), start=int(runs[0]),
+                          identity=identity, starts=(runs - runs[0]) // width)
     decode = partial(tokens_loader_tokens if tokens_loader else pytree_tokens, dtype=dtype)
     if cached:
         return CorpusFile(files.url(name), dtype, offsets.astype(np.int64), path=files.url(name), identity=identity,

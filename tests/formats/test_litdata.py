@@ -37,8 +37,6 @@ def test_pytree_items_are_read_in_place_as_litdatas_streaming_dataset_reads_them
 def test_pytree_items_in_place_batch_as_the_same_documents_back_to_back(tmp_path: Path) -> None:
     """Items between size headers (list views) and the same documents back to back (TokensLoader):
     the same batches under every packing, and the headers are never taken for ids."""
-    from datamodule_config import ready
-
     from lightning_tune_data import TextDataModule
 
     docs = documents(80, seed=18, vocab=50, eos=None)  # size headers (2 x len) exceed this vocabulary
@@ -48,8 +46,10 @@ def test_pytree_items_in_place_batch_as_the_same_documents_back_to_back(tmp_path
         batches = []
         for layout in ("items", "tokens"):
             manager = TokenizedDatasetManager(str(tmp_path / layout), vocab_size=50)
-            dm = ready(TextDataModule({"train": {"web": manager}}, max_seq_len=24, batch_size=4, seed=3,
-                                      cache_dir=str(tmp_path / f"cache-{layout}"), packing=packing))
+            dm = TextDataModule({"train": {"web": manager}}, max_seq_len=24, batch_size=4, seed=3,
+                                cache_dir=str(tmp_path / f"cache-{layout}"), packing=packing)
+            dm.prepare_data()
+            dm.setup("fit")
             batches.append([batch["input_ids"] for batch, _ in zip(dm.train_dataloader(), range(6))])
         assert len(batches[0]) == 6 and all(torch.equal(a, b) for a, b in zip(*batches)), packing
 

@@ -2,11 +2,16 @@
 
 A chunk is ``uint32`` item count, ``uint32`` byte offsets of its items (count + 1), then the items.
 With litgpt's ``TokensLoader`` each item is one document's raw ids, back to back: the chunk is read
-in place, the offsets being the document boundaries (unless the header leaves the ids unaligned,
-e.g. int64 ids after an odd number of header words: then it is copied out once, like the next case). With the default ``PyTreeLoader`` an item of
-one 1-D array is a ``uint32`` size then the ids; such a chunk is decoded once per node into one
-token file (kept, see :mod:`lightning_tune_data.formats.kept`). Only the index and the chunk
-headers are read to open a ``TokensLoader`` dataset. Compressed or encrypted chunks are refused.
+in place, the offsets being the document boundaries. With the default ``PyTreeLoader`` an item of
+one 1-D array is a ``uint32`` size then the ids: the chunk is read in place too, as list views
+(each document a position and a length, the sizes between them never read as ids). Only the
+index and the chunk headers are read to open either.
+
+Ids the header leaves unaligned (8-byte ids after an odd number of header words) are copied out
+with NumPy: once per node into a kept token file (:mod:`lightning_tune_data.formats.kept`), or, for
+a remote corpus with a ``cache_budget`` (whose chunks are then all read through the node's shard
+cache), chunk by chunk when fetched. ``PyTreeLoader`` chunks of such a remote corpus are decoded
+the same way (the node cache holds documents back to back). Compressed or encrypted chunks are refused.
 """
 
 from __future__ import annotations

@@ -4,9 +4,16 @@ A shard is ``uint32`` sample count, ``uint32`` byte offsets of the samples (coun
 config, then the samples; a sample starts with the ``uint32`` sizes of its variable-size columns.
 llm-foundry writes one ``tokens`` column (``ndarray:int32`` or ``ndarray:uint16``...; older
 datasets ``bytes`` of int64 ids). Each sample is one row: a document, or a fixed-length window
-when the dataset was written that way. Samples carry per-sample headers and shards are usually
-compressed, so each shard is decoded once per node into one token file (kept, see
-:mod:`lightning_tune_data.formats.kept`) and read in place after that.
+when the dataset was written that way.
+
+A sample's ids are one run of the shard's bytes, after its headers (sizes, an ndarray's 2 to 5
+shape bytes). Where every run of an uncompressed local shard is aligned to the id width, the
+shard is read in place (list views over the file; only each sample's position is kept).
+Otherwise (compressed shards, or runs left unaligned by the headers: the usual ``int32`` case)
+the ids are copied out with NumPy, every sample at once (:mod:`lightning_tune_data.formats.runs`):
+for a remote corpus with a ``cache_budget``, shard by shard into the node's shard cache when a
+shard is fetched (:class:`MdsShardDecoder`, only the boundaries kept at open); otherwise once
+per node into one kept token file per shard (:mod:`lightning_tune_data.formats.kept`).
 """
 
 from __future__ import annotations
@@ -68,9 +75,8 @@ def _value_runs(raw: np.ndarray, starts: np.ndarray, sizes: np.ndarray, encoding
     return starts + at, sizes - at, value_dtype
 
 
-def _decode(data: bytes, shard: dict, at: int, encoding: str, options: FormatOptions) -> dict[str, np.ndarray]:
-    """A shard's ids (one array) and its samples' boundaries, every sample at once."""
-    raw = np.frombuffer(data, np.uint8)
+def _runs(raw: np.ndarray, shard: dict, at: int, encoding: str, options: FormatOptions) -> tuple[np.ndarray, np.ndarray, str]:
+    """Where a shard's samples hold their ids: ``(first byte, id count, dtype)``, every sample at once."""
     count = int(read_u32_at(raw, np.zeros(1, np.int64))[0])
     samples = read_u32_at(raw, 4 + 4 * np.arange(count + 1, dtype=np.int64))[:-1]
     fixed = shard.get("column_sizes") or [None] * len(shard["column_names"])
@@ -81,9 +87,7 @@ def _decode(data: bytes, shard: dict, at: int, encoding: str, options: FormatOpt
     starts, value_bytes, dtype = _value_runs(raw, column, lengths[at], encoding, options.dtype)
     if np.dtype(dtype).kind not in "iu":
         raise ValueError(f"the MDS column holds {dtype} values, not integer token ids.")
-    counts = value_bytes // np.dtype(dtype).itemsize
-    tokens = gather_runs(raw, starts, counts, dtype)
-    return {"tokens": tokens, "offsets": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)}
+    return starts, value_bytes // np.dtype(dtype).itemsize, dtype
 
 
 @dataclass(frozen=True)
@@ -105,8 +109,9 @@ class MdsShardDecoder:
     options: FormatOptions
     url: str
 
-    def decoded(self, data: bytes) -> dict[str, np.ndarray]:
-        """``{"tokens", "offsets"}`` of the shard's bytes.
+    def runs(self, data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+        """The shard's bytes (decompressed) and where its samples hold their ids: ``(bytes, first
+        byte, id count, dtype)`` per sample.
 
         Raises:
             ValueError: a codec other than zstd, or bytes that do not hold the samples the headers say.
@@ -117,20 +122,38 @@ class MdsShardDecoder:
                 raise ValueError(f"{self.options.description}: {self.url} is {codec}-compressed; only zstd "
                                  "(llm-foundry's choice) or uncompressed shards are read.")
             data = pa.decompress(data, int(self.shard["raw_data"]["bytes"]), codec="zstd", asbytes=True)
+        raw = np.frombuffer(data, np.uint8)
         try:
-            return _decode(data, self.shard, self.column, self.encoding, self.options)
+            return (raw, *_runs(raw, self.shard, self.column, self.encoding, self.options))
         except ValueError as error:
             raise ValueError(f"{self.options.description}: {self.url}: {error}; write the dataset again with "
                              "MDSWriter.") from None
 
+    def layout(self, data: bytes, in_place: bool = False) -> dict[str, np.ndarray]:
+        """What is kept of the shard: with ``in_place``, when every sample's ids are aligned in the
+        (uncompressed) file, where they are (``starts`` in ids from its first byte, ``offsets``,
+        ``dtype``); else the ids copied out (``tokens``, ``offsets``)."""
+        raw, starts, counts, dtype = self.runs(data)
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        width = np.dtype(dtype).itemsize
+        if in_place and not np.any(starts % width):
+            return {"starts": starts // width, "offsets": offsets, "dtype": np.array([dtype])}
+        return {"tokens": gather_runs(raw, starts, counts, dtype), "offsets": offsets}
+
     def __call__(self, data: bytes) -> np.ndarray:
         """The shard's ids, from its stored bytes."""
-        return self.decoded(data)["tokens"]
+        return self.layout(data)["tokens"]
 
 
-def _offsets_and_dtype(decoded: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """What is kept of a shard decoded at open when its ids go to the node cache: boundaries, dtype."""
-    return {"offsets": decoded["offsets"], "dtype": np.array([decoded["tokens"].dtype.name])}
+def _offsets_and_dtype(decoder: MdsShardDecoder, data: bytes) -> dict[str, np.ndarray]:
+    """What is kept of a shard read at open when its ids go to the node cache: boundaries, dtype."""
+    _, _, counts, dtype = decoder.runs(data)
+    return {"offsets": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), "dtype": np.array([dtype])}
+
+
+def _mapped(path: str) -> np.ndarray:
+    """A local shard's bytes, memory-mapped (finding where its ids are reads the pages of its headers)."""
+    return np.memmap(path, dtype=np.uint8, mode="r")
 
 
 def open_mds(files: CorpusFiles, names: list[str], options: FormatOptions) -> list[CorpusFile]:
@@ -158,15 +181,19 @@ def open_mds(files: CorpusFiles, names: list[str], options: FormatOptions) -> li
             if files.budgeted:  # decoded shard by shard into the node cache, under cache_budget
                 kept_at = kept_folder(options.local_dir, f"mds-offsets-{options.column}-{options.dtype}", identity[0])
                 kept = kept_arrays(kept_at, lambda name=name, decoder=decoder: _offsets_and_dtype(
-                    decoder.decoded(files.read_bytes(name))))
-                dtype = str(kept["dtype"][0])
-                result.append(CorpusFile(files.url(name), dtype, np.asarray(kept["offsets"]), path=files.url(name),
-                                         identity=identity, decoder=decoder))
+                    decoder, files.read_bytes(name)))
+                result.append(CorpusFile(files.url(name), str(kept["dtype"][0]), np.asarray(kept["offsets"]),
+                                         path=files.url(name), identity=identity, decoder=decoder))
                 continue
-            kept_at = kept_folder(options.local_dir, f"mds-{options.column}-{options.dtype}", identity[0])
-            kept = kept_arrays(kept_at, lambda name=name, decoder=decoder: decoder.decoded(files.read_bytes(name)))
+            in_place = not shard.get("zip_data") and not files.remote
+            kept_at = kept_folder(options.local_dir, f"mds-{in_place}-{options.column}-{options.dtype}", identity[0])
+            kept = kept_arrays(kept_at, lambda name=name, decoder=decoder, in_place=in_place: decoder.layout(
+                _mapped(name) if in_place else files.read_bytes(name), in_place))
+            if "starts" in kept:  # every sample's ids aligned in the file: read in place, between the headers
+                result.append(CorpusFile(files.url(name), str(kept["dtype"][0]), np.asarray(kept["offsets"]),
+                                         path=name, identity=identity, starts=np.asarray(kept["starts"])))
+                continue
             path, start = kept_path(kept_at, "tokens")
-            dtype = kept["tokens"].dtype.name
-            result.append(CorpusFile(files.url(name), dtype, np.asarray(kept["offsets"]), path=path, start=start,
-                                     identity=identity))
+            result.append(CorpusFile(files.url(name), kept["tokens"].dtype.name, np.asarray(kept["offsets"]),
+                                     path=path, start=start, identity=identity))
     return result

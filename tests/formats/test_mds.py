@@ -17,9 +17,13 @@ def rows(corpus) -> list[np.ndarray]:
     return [column[i].values.to_numpy() for i in range(len(corpus))]
 
 
-@pytest.mark.parametrize(("compression", "dtype"), [("zstd", "int32"), (None, "uint16")])
-def test_samples_read_as_streamings_reader_reads_them(tmp_path: Path, compression, dtype) -> None:
-    docs = documents(30, seed=15)
+@pytest.mark.parametrize(("compression", "dtype", "longest", "in_place"),
+                         [("zstd", "int32", 40, False), (None, "uint16", 40, False), (None, "int32", 400, False),
+                          (None, "uint8", 40, True)])
+def test_samples_read_as_streamings_reader_reads_them(tmp_path: Path, compression, dtype, longest, in_place) -> None:
+    """Uncompressed shards whose ids all lie aligned (here: uint8 ids) are read in place; others
+    (ids after 2- or 3-byte shape headers, compressed shards) are decoded once into a kept copy."""
+    docs = [doc % 250 for doc in documents(30, seed=15, longest=longest)]
     write_mds(tmp_path / "corpus", docs, compression, dtype)
     corpus = TokenizedDatasetManager(str(tmp_path / "corpus")).setup(None, tmp_path / "c")
     ours = rows(corpus)
@@ -27,6 +31,8 @@ def test_samples_read_as_streamings_reader_reads_them(tmp_path: Path, compressio
     assert corpus.format == "mds" and corpus.dtype == dtype and len(corpus.files) > 1
     assert len(ours) == len(theirs) == 30
     assert all(np.array_equal(a, b) for a, b in zip(ours, theirs))
+    assert all((entry.starts is not None) == in_place for entry in corpus.files)
+    assert bool(list((tmp_path / "c").rglob("tokens.npy"))) != in_place  # a decoded copy only when needed
 
 
 def test_a_missing_shard_or_column_fails_naming_it(tmp_path: Path) -> None:

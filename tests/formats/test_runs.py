@@ -9,9 +9,10 @@ from lightning_tune_data.formats import runs
 from lightning_tune_data.formats.runs import gather_runs, read_u32_at
 
 
+@pytest.mark.parametrize("mask_below", [0, 1 << 20])  # runs joined slice by slice, or selected by the byte mask
 @pytest.mark.parametrize("dtype", ["uint16", "int32", "int64"])
-def test_runs_at_every_alignment_come_out_as_a_loop_reads_them(dtype, monkeypatch) -> None:
-    monkeypatch.setattr(runs, "_STEP_IDS", 50)  # several steps, and a run larger than one step
+def test_runs_at_every_alignment_come_out_as_a_loop_reads_them(dtype, mask_below, monkeypatch) -> None:
+    monkeypatch.setattr(runs, "_MASK_BYTES_PER_RUN", mask_below)
     rng = np.random.default_rng(0)
     data, starts, counts, want = bytearray(), [], [], []
     for count in [0, *rng.integers(0, 40, size=60).tolist(), 120]:
@@ -34,3 +35,6 @@ def test_sizes_are_read_at_unaligned_positions_and_a_run_past_the_end_is_refused
         read_u32_at(data, np.array([6]))
     with pytest.raises(ValueError, match="reaches beyond the 9 bytes"):
         gather_runs(data, np.array([1]), np.array([3]), "int32")
+    with pytest.raises(ValueError, match="or into the next one"):
+        gather_runs(data, np.array([1, 3]), np.array([1, 1]), "int32")
+    assert gather_runs(data, np.zeros(0), np.zeros(0), "int32").tolist() == []

@@ -11,6 +11,13 @@ budget as the shards of our own stores. A datatrove ``.ds.loss`` range travels i
 after the ids. Cutting at document boundaries means a document's ids are always in one unit, so
 a reader maps them zero-copy, as it maps a shard of a store.
 
+A file whose ids must be decoded (an MDS shard, a LitData chunk of items with size headers: its
+:attr:`~lightning_tune_data.formats.corpus.CorpusFile.decoder` is set) is one unit whole: the
+fetch reads the file, decodes it and writes its ids back to back, checked against the size
+recorded at open; an evicted unit is decoded again when it is needed. Such a corpus is read
+through the node cache whenever there is a budget, whatever its size, so no decoded copy is ever
+kept outside the budget.
+
 :class:`RangedCorpus` stands where a :class:`~lightning_tune_data.cache.cached_store.CachedStore`
 stands: its ranges are the store's shards, so the windowed shuffle, the fetches ahead, the
 eviction by next use and exact and elastic resume work unchanged. Before a range is fetched, the

@@ -153,9 +153,10 @@ class CorpusFiles:
 
     @property
     def budgeted(self) -> bool:
-        """Whether files that must be decoded (compressed or with per-item headers) are decoded into
-        the node's shard cache, under ``cache_budget``: a remote corpus with a budget."""
-        return self.remote and self.budget_share is not None
+        """Whether files that must be decoded (compressed, or ids left unaligned by per-item
+        headers) are decoded into the node's shard cache, under ``cache_budget``: with a budget,
+        local or remote."""
+        return self.budget_share is not None
 
     def fs_path(self, name: str) -> str:
         """``name`` (a listed file, or the URL of one) as its filesystem names it."""

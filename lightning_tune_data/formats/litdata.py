@@ -125,8 +125,11 @@ def open_litdata(files: CorpusFiles, names: list[str], options: FormatOptions) -
                                  "chunk is truncated); copy the dataset again.")
             chunks.append((index, name, dtype, tokens_loader, header[1:]))
     in_place = [loader and int(at[0]) % np.dtype(dtype).itemsize == 0 for _, _, dtype, loader, at in chunks]
-    # a remote corpus with chunks to decode and a budget: every chunk is read through the node cache
-    cached = files.budgeted and not all(in_place)
+    # items between their sizes are read in place from local files (the node cache holds ids back to back)
+    placeable = [here or (not files.remote and not loader and not np.any((at[:-1] + 4) % np.dtype(dtype).itemsize))
+                 for here, (_, _, dtype, loader, at) in zip(in_place, chunks)]
+    # chunks to decode and a budget: every chunk is read through the node cache
+    cached = files.budgeted and not all(placeable)
     return [_chunk_file(files, options, *chunk, in_place=here, cached=cached) for chunk, here in zip(chunks, in_place)]
 
 

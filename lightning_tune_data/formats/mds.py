@@ -129,26 +129,20 @@ class MdsShardDecoder:
             raise ValueError(f"{self.options.description}: {self.url}: {error}; write the dataset again with "
                              "MDSWriter.") from None
 
-    def layout(self, data: bytes, in_place: bool = False) -> dict[str, np.ndarray]:
-        """What is kept of the shard: with ``in_place``, when every sample's ids are aligned in the
-        (uncompressed) file, where they are (``starts`` in ids from its first byte, ``offsets``,
-        ``dtype``); else the ids copied out (``tokens``, ``offsets``)."""
-        raw, starts, counts, dtype = self.runs(data)
-        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        width = np.dtype(dtype).itemsize
-        if in_place and not np.any(starts % width):
-            return {"starts": starts // width, "offsets": offsets, "dtype": np.array([dtype])}
-        return {"tokens": gather_runs(raw, starts, counts, dtype), "offsets": offsets}
-
     def __call__(self, data: bytes) -> np.ndarray:
         """The shard's ids, from its stored bytes."""
-        return self.layout(data)["tokens"]
+        raw, starts, counts, dtype = self.runs(data)
+        return gather_runs(raw, starts, counts, dtype)
 
 
-def _offsets_and_dtype(decoder: MdsShardDecoder, data: bytes) -> dict[str, np.ndarray]:
-    """What is kept of a shard read at open when its ids go to the node cache: boundaries, dtype."""
-    _, _, counts, dtype = decoder.runs(data)
-    return {"offsets": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), "dtype": np.array([dtype])}
+def _boundaries(decoder: MdsShardDecoder, data: bytes, local: bool) -> dict[str, np.ndarray]:
+    """What is kept of a shard at open: its samples' boundaries and dtype, and for a local
+    uncompressed shard whose ids all lie aligned, where they are (``starts``, in ids)."""
+    _, starts, counts, dtype = decoder.runs(data)
+    kept = {"offsets": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), "dtype": np.array([dtype])}
+    if local and not decoder.shard.get("zip_data") and not np.any(starts % np.dtype(dtype).itemsize):
+        kept["starts"] = starts // np.dtype(dtype).itemsize
+    return kept
 
 
 def _mapped(path: str) -> np.ndarray:
@@ -162,7 +156,7 @@ def open_mds(files: CorpusFiles, names: list[str], options: FormatOptions) -> li
     Raises:
         ValueError: a shard listed but missing, of another size than recorded, or with no column of ids.
     """
-    listing, result = files.listing(), []
+    listing, shards = files.listing(), []
     for index in [name for name in names if name.rsplit("/", 1)[-1] == "index.json"]:
         content = json.loads(files.read_many([index])[index])  # fetched once per node
         if not is_mds_index(content):
@@ -175,25 +169,29 @@ def open_mds(files: CorpusFiles, names: list[str], options: FormatOptions) -> li
             if name not in listing or listing[name]["size"] != int(stored["bytes"]):
                 raise ValueError(f"{options.description}: {where} lists {stored['basename']} of {stored['bytes']} bytes; "
                                  f"it is {'missing' if name not in listing else 'of another size'}. Copy the dataset again.")
-
             decoder = MdsShardDecoder(shard, at, encoding, options, files.url(name))
             identity = [files.identity(name), files.identity(index)]
-            if files.budgeted:  # decoded shard by shard into the node cache, under cache_budget
-                kept_at = kept_folder(options.local_dir, f"mds-offsets-{options.column}-{options.dtype}", identity[0])
-                kept = kept_arrays(kept_at, lambda name=name, decoder=decoder: _offsets_and_dtype(
-                    decoder, files.read_bytes(name)))
-                result.append(CorpusFile(files.url(name), str(kept["dtype"][0]), np.asarray(kept["offsets"]),
-                                         path=files.url(name), identity=identity, decoder=decoder))
-                continue
-            in_place = not shard.get("zip_data") and not files.remote
-            kept_at = kept_folder(options.local_dir, f"mds-{in_place}-{options.column}-{options.dtype}", identity[0])
-            kept = kept_arrays(kept_at, lambda name=name, decoder=decoder, in_place=in_place: decoder.layout(
-                _mapped(name) if in_place else files.read_bytes(name), in_place))
-            if "starts" in kept:  # every sample's ids aligned in the file: read in place, between the headers
-                result.append(CorpusFile(files.url(name), str(kept["dtype"][0]), np.asarray(kept["offsets"]),
-                                         path=name, identity=identity, starts=np.asarray(kept["starts"])))
-                continue
-            path, start = kept_path(kept_at, "tokens")
-            result.append(CorpusFile(files.url(name), kept["tokens"].dtype.name, np.asarray(kept["offsets"]),
-                                     path=path, start=start, identity=identity))
-    return result
+            kept_at = kept_folder(options.local_dir, f"mds-bounds-{options.column}-{options.dtype}", identity[0])
+            read = _mapped if not files.remote else files.read_bytes
+            kept = kept_arrays(kept_at, lambda name=name, decoder=decoder, read=read: _boundaries(
+                decoder, read(name), not files.remote))
+            shards.append((name, decoder, identity, kept))
+    # with a budget, shards that cannot be read in place are decoded into the node cache (then all are)
+    cached = files.budgeted and not all("starts" in kept for *_, kept in shards)
+    return [_shard_file(files, options, *shard, cached=cached) for shard in shards]
+
+
+def _shard_file(files: CorpusFiles, options: FormatOptions, name: str, decoder: MdsShardDecoder,
+                identity: list[dict], kept: dict[str, np.ndarray], cached: bool) -> CorpusFile:
+    """One shard: read in place (its ids all aligned), decoded into the node cache (``cached``), or
+    decoded once into a kept token file."""
+    dtype, offsets = str(kept["dtype"][0]), np.asarray(kept["offsets"])
+    if cached:
+        return CorpusFile(files.url(name), dtype, offsets, path=files.url(name), identity=identity, decoder=decoder)
+    if "starts" in kept:  # read in place, between the headers
+        return CorpusFile(files.url(name), dtype, offsets, path=name, identity=identity, starts=np.asarray(kept["starts"]))
+    kept_at = kept_folder(options.local_dir, f"mds-ids-{options.column}-{options.dtype}", identity[0])
+    read = _mapped if not files.remote else files.read_bytes
+    kept_arrays(kept_at, lambda: {"tokens": decoder(read(name))})
+    path, start = kept_path(kept_at, "tokens")
+    return CorpusFile(files.url(name), dtype, offsets, path=path, start=start, identity=identity)

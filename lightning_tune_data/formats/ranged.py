@@ -90,12 +90,16 @@ class RangeFetcher:
         self.files, self.memory, self.retries = files, memory, retries
 
     def _check_unchanged(self, url: str, size: int, stamp: str) -> None:
-        fs = self._fs()
         path = self.files.fs_path(url)
         try:
-            fs.invalidate_cache(path)
-            info = fs.info(path)
-            now = (int(info["size"]), stamp_of(info))
+            if self.files.remote:
+                fs = self._fs()
+                fs.invalidate_cache(path)
+                info = fs.info(path)
+                now = (int(info["size"]), stamp_of(info))
+            else:  # a local file: its size and modification time as listed
+                stat = os.stat(path)
+                now = (stat.st_size, str(stat.st_mtime_ns))
         except FileNotFoundError:
             now = None
         if now != (size, stamp):
@@ -163,7 +167,8 @@ class RangeFetcher:
 
 class RangedCorpus(CachedStore):
     """A remote :class:`~lightning_tune_data.formats.corpus.TokenCorpus` read range by range
-    through the node's shard cache (see the module's description).
+    through the node's shard cache, or a local one whose files are decoded into it (see the
+    module's description).
 
     Args:
         corpus: the corpus, opened from its metadata (its files' paths are URLs).
@@ -200,8 +205,11 @@ class RangedCorpus(CachedStore):
         self.order = plan_window(self.shard_rows.tolist(), [max(1, entry["size"]) for entry in self.shards],
                                  corpus.num_tokens, self.share, window, int(range_bytes), self.description, self.sharers)
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", files.path.rstrip("/").rsplit("/", 1)[-1]).strip("-.") or "corpus"
-        protocol, rest = files.path.split("://", 1)
-        bucket = f"{protocol}://{rest.split('/', 1)[0]}"  # the root is named only (the fetcher reads the files)
+        if files.remote:
+            protocol, rest = files.path.split("://", 1)
+            bucket = f"{protocol}://{rest.split('/', 1)[0]}"  # the root is named only (the fetcher reads the files)
+        else:  # a local corpus whose shards are decoded into the node cache
+            bucket = os.path.dirname(os.path.abspath(files.path.rstrip("/"))) or "/"
         store_files = StoreFiles(StoreRoot(bucket, files.storage_options, files.local_dir), name)
         self.cache = NodeShardCache(store_files, Path(folder), self.shards, self.budget, description=self.description)
         self.cache.fetch = RangeFetcher(files, memory)

@@ -12,6 +12,7 @@ import torch
 from tokenized_writers import documents, litdata_documents, litdata_token_stream, write_litdata
 
 from lightning_tune_data import TokenizedDatasetManager
+from lightning_tune_data.cache.root import StoreRoot
 from lightning_tune_data.managers import DataSourceError
 
 
@@ -24,7 +25,8 @@ def rows(corpus) -> list[np.ndarray]:
 def test_pytree_items_are_read_in_place_as_litdatas_streaming_dataset_reads_them(tmp_path: Path, dtype) -> None:
     docs = documents(30, seed=12)
     write_litdata(tmp_path / "corpus", docs, tokens_loader=False, dtype=dtype)
-    corpus = TokenizedDatasetManager(str(tmp_path / "corpus")).setup(None, tmp_path / "c")
+    root = StoreRoot(str(tmp_path / "c"), cache_budget=1 << 20)  # a budget changes nothing: no copy to count
+    corpus = TokenizedDatasetManager(str(tmp_path / "corpus")).setup(None, root)
     theirs = litdata_documents(tmp_path / "corpus")
     assert corpus.format == "litdata" and len(corpus.files) > 1
     assert all(Path(entry.path).name.startswith("chunk-") for entry in corpus.files)  # no decoded copy

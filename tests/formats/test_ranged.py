@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -83,8 +84,8 @@ def test_a_corpus_larger_than_its_budget_reads_the_local_documents_within_budget
     assert bins >= corpus.num_shards  # read range by range (some again after eviction)
 
 
-@pytest.mark.parametrize("format", ["mds", "litdata"])
-def test_shards_to_decode_are_units_of_the_node_cache_within_budget(tmp_path: Path, s3, format) -> None:
+@pytest.mark.parametrize(("format", "remote"), [("mds", True), ("litdata", True), ("mds", False)])
+def test_shards_to_decode_are_units_of_the_node_cache_within_budget(tmp_path: Path, s3, format, remote) -> None:
     docs = documents(300, seed=17, longest=60)
     if format == "mds":
         write_mds(tmp_path / "corpus", docs, "zstd")  # 64 shards of about 700 bytes
@@ -92,7 +93,10 @@ def test_shards_to_decode_are_units_of_the_node_cache_within_budget(tmp_path: Pa
         write_litdata(tmp_path / "corpus", docs, tokens_loader=False)  # items with a size header each
     upload(s3, tmp_path / "corpus", "corpus")
     budget = 4096  # of about 36 KB (MDS: int32) or 18 KB (LitData: uint16) of decoded ids
-    manager = TokenizedDatasetManager(f"{s3.url}/corpus/", storage_options=s3.storage_options)
+    if remote:
+        manager = TokenizedDatasetManager(f"{s3.url}/corpus/", storage_options=s3.storage_options)
+    else:  # a local compressed corpus: decoded into the node cache too when there is a budget
+        manager = TokenizedDatasetManager(str(tmp_path / "corpus"))
     corpus = manager.setup(None, root(tmp_path, budget))
     assert isinstance(corpus, RangedCorpus) and all("decode" in entry for entry in corpus.shards)
     assert corpus.num_tokens * np.dtype(corpus.corpus.dtype).itemsize > 4 * budget
@@ -103,8 +107,16 @@ def test_shards_to_decode_are_units_of_the_node_cache_within_budget(tmp_path: Pa
             on_disk = sum(p.stat().st_size for p in (tmp_path / "node" / "shard-cache").rglob("*") if p.is_file())
             assert corpus.cache.node_usage() <= budget + largest and on_disk <= budget + largest
     theirs = mds_documents(tmp_path / "corpus") if format == "mds" else litdata_documents(tmp_path / "corpus")
-    assert read_all(pickle.loads(pickle.dumps(corpus)), seed=5) == seen  # as a dataloader worker reads it
+    clone = pickle.loads(pickle.dumps(corpus))  # as a dataloader worker gets it
+    corpus.cache.close()  # one reader of the node cache per process, as in training
+    assert read_all(clone, seed=5) == seen
+    clone.cache.close()
     assert sorted(seen) == sorted(doc.tolist() for doc in theirs) == sorted(doc.tolist() for doc in docs)
+    if not remote:
+        (tmp_path / "corpus" / "shard.00003.mds.zstd").write_bytes(b"changed")  # a file changed under the run
+        shutil.rmtree(tmp_path / "node" / "shard-cache")
+        with pytest.raises(DataSourceError, match=r"shard\.00003\.mds\.zstd changed while the run read it"):
+            read_all(corpus)
     outside = [p for p in (tmp_path / "node" / LOCAL_COPIES_FOLDER).rglob("*") if p.is_file()]
     assert not [p for p in outside if p.name == "tokens.npy"]  # no decoded copy outside the budget
     index = (tmp_path / "corpus" / "index.json").stat().st_size

@@ -135,13 +135,16 @@ class MdsShardDecoder:
         return gather_runs(raw, starts, counts, dtype)
 
 
-def _boundaries(decoder: MdsShardDecoder, data: bytes, local: bool) -> dict[str, np.ndarray]:
-    """What is kept of a shard at open: its samples' boundaries and dtype, and for a local
-    uncompressed shard whose ids all lie aligned, where they are (``starts``, in ids)."""
-    _, starts, counts, dtype = decoder.runs(data)
+def _boundaries(decoder: MdsShardDecoder, data: bytes, local: bool, with_ids: bool) -> dict[str, np.ndarray]:
+    """What is kept of a shard at open: its samples' boundaries and dtype; for a local uncompressed
+    shard whose ids all lie aligned, where they are (``starts``, in ids); else, ``with_ids``, the
+    ids copied out (``tokens``: no node cache will hold them), from the same read."""
+    raw, starts, counts, dtype = decoder.runs(data)
     kept = {"offsets": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), "dtype": np.array([dtype])}
     if local and not decoder.shard.get("zip_data") and not np.any(starts % np.dtype(dtype).itemsize):
         kept["starts"] = starts // np.dtype(dtype).itemsize
+    elif with_ids:
+        kept["tokens"] = gather_runs(raw, starts, counts, dtype)
     return kept
 
 
@@ -174,7 +177,7 @@ def open_mds(files: CorpusFiles, names: list[str], options: FormatOptions) -> li
             kept_at = kept_folder(options.local_dir, f"mds-bounds-{options.column}-{options.dtype}", identity[0])
             read = _mapped if not files.remote else files.read_bytes
             kept = kept_arrays(kept_at, lambda name=name, decoder=decoder, read=read: _boundaries(
-                decoder, read(name), not files.remote))
+                decoder, read(name), not files.remote, not files.budgeted))
             shards.append((name, decoder, identity, kept))
     # with a budget, shards that cannot be read in place are decoded into the node cache (then all are)
     cached = files.budgeted and not all("starts" in kept for *_, kept in shards)
@@ -190,8 +193,10 @@ def _shard_file(files: CorpusFiles, options: FormatOptions, name: str, decoder: 
         return CorpusFile(files.url(name), dtype, offsets, path=files.url(name), identity=identity, decoder=decoder)
     if "starts" in kept:  # read in place, between the headers
         return CorpusFile(files.url(name), dtype, offsets, path=name, identity=identity, starts=np.asarray(kept["starts"]))
-    kept_at = kept_folder(options.local_dir, f"mds-ids-{options.column}-{options.dtype}", identity[0])
-    read = _mapped if not files.remote else files.read_bytes
-    kept_arrays(kept_at, lambda: {"tokens": decoder(read(name))})
+    kept_at = kept_folder(options.local_dir, f"mds-bounds-{options.column}-{options.dtype}", identity[0])
+    if "tokens" not in kept:  # the boundaries were kept by a run with a budget: the ids apart
+        kept_at = kept_folder(options.local_dir, f"mds-ids-{options.column}-{options.dtype}", identity[0])
+        read = _mapped if not files.remote else files.read_bytes
+        kept_arrays(kept_at, lambda: {"tokens": decoder(read(name))})
     path, start = kept_path(kept_at, "tokens")
     return CorpusFile(files.url(name), dtype, offsets, path=path, start=start, identity=identity)

@@ -42,3 +42,19 @@ def test_a_missing_shard_or_column_fails_naming_it(tmp_path: Path) -> None:
     (tmp_path / "corpus" / "shard.00001.mds.zstd").unlink()
     with pytest.raises(DataSourceError, match=r"lists shard\.00001\.mds\.zstd .* it is missing"):
         TokenizedDatasetManager(str(tmp_path / "corpus")).setup(None, tmp_path / "c")
+
+
+def test_a_budget_decodes_into_the_node_cache_and_no_budget_keeps_a_copy_on_the_same_node(tmp_path: Path) -> None:
+    from lightning_tune_data.cache.root import StoreRoot
+    from lightning_tune_data.formats.ranged import RangedCorpus
+    from lightning_tune_data.sources.corpus_source import CorpusSource
+
+    write_mds(tmp_path / "corpus", documents(40, seed=19), "zstd")
+    manager = TokenizedDatasetManager(str(tmp_path / "corpus"))
+    budgeted = manager.setup(None, StoreRoot(str(tmp_path / "node"), cache_budget=1 << 20))
+    assert isinstance(budgeted, RangedCorpus) and not list((tmp_path / "node").rglob("tokens.npy"))
+    ids = sorted(s["input_ids"].tolist() for s in CorpusSource(budgeted, "x", shuffle=False, num_passes=1))
+    budgeted.cache.close()
+    kept = manager.setup(None, StoreRoot(str(tmp_path / "node")))  # the boundaries kept above are reused
+    assert not isinstance(kept, RangedCorpus) and list((tmp_path / "node").rglob("tokens.npy"))
+    assert sorted(r.tolist() for r in rows(kept)) == ids == sorted(d.tolist() for d in mds_documents(tmp_path / "corpus"))

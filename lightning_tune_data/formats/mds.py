@@ -11,8 +11,8 @@ shape bytes). Where every run of an uncompressed local shard is aligned to the i
 shard is read in place (list views over the file; only each sample's position is kept).
 Otherwise (compressed shards, or runs left unaligned by the headers: the usual ``int32`` case)
 the ids are copied out with NumPy, every sample at once (:mod:`lightning_tune_data.formats.runs`):
-for a remote corpus with a ``cache_budget``, shard by shard into the node's shard cache when a
-shard is fetched (:class:`MdsShardDecoder`, only the boundaries kept at open); otherwise once
+with a ``cache_budget`` (remote or local), shard by shard into the node's shard cache when a
+shard is fetched (:class:`MdsShardDecoder`, only the boundaries kept at open); without one, once
 per node into one kept token file per shard (:mod:`lightning_tune_data.formats.kept`).
 """
 
@@ -84,9 +84,15 @@ def _runs(raw: np.ndarray, shard: dict, at: int, encoding: str, options: FormatO
     heads = {i: read_u32_at(raw, samples + 4 * j) for j, i in enumerate(variable)}
     lengths = [heads[i] if fixed[i] is None else np.full(count, int(fixed[i]), np.int64) for i in range(len(fixed))]
     column = samples + 4 * len(variable) + sum((lengths[i] for i in range(at)), np.zeros(count, np.int64))
+    if count and (int(column.min()) < 0 or int((column + lengths[at]).max()) > len(raw)):
+        raise ValueError(f"a sample reaches beyond the shard's {len(raw)} bytes (truncated, or not an MDS shard)")
     starts, value_bytes, dtype = _value_runs(raw, column, lengths[at], encoding, options.dtype)
     if np.dtype(dtype).kind not in "iu":
         raise ValueError(f"the MDS column holds {dtype} values, not integer token ids.")
+    if np.any(value_bytes < 0):
+        raise ValueError("a sample's array header is longer than the sample (not an MDS shard of this encoding)")
+    if np.any(value_bytes % np.dtype(dtype).itemsize):
+        raise ValueError(f"a sample's ids are not a whole number of {dtype} values (set the dtype option)")
     return starts, value_bytes // np.dtype(dtype).itemsize, dtype
 
 
@@ -132,7 +138,10 @@ class MdsShardDecoder:
     def __call__(self, data: bytes) -> np.ndarray:
         """The shard's ids, from its stored bytes."""
         raw, starts, counts, dtype = self.runs(data)
-        return gather_runs(raw, starts, counts, dtype)
+        try:
+            return gather_runs(raw, starts, counts, dtype)
+        except ValueError as error:
+            raise ValueError(f"{self.options.description}: {self.url}: {error}; write the dataset again.") from None
 
 
 def _boundaries(decoder: MdsShardDecoder, data: bytes, local: bool, with_ids: bool) -> dict[str, np.ndarray]:

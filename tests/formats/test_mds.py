@@ -58,3 +58,18 @@ def test_a_budget_decodes_into_the_node_cache_and_no_budget_keeps_a_copy_on_the_
     kept = manager.setup(None, StoreRoot(str(tmp_path / "node")))  # the boundaries kept above are reused
     assert not isinstance(kept, RangedCorpus) and list((tmp_path / "node").rglob("tokens.npy"))
     assert sorted(r.tolist() for r in rows(kept)) == ids == sorted(d.tolist() for d in mds_documents(tmp_path / "corpus"))
+
+
+def test_a_sample_header_beyond_the_shard_fails_naming_the_shard(tmp_path: Path) -> None:
+    import json
+
+    write_mds(tmp_path / "corpus", documents(20, seed=23), None, "uint16")
+    index = json.loads((tmp_path / "corpus" / "index.json").read_text())
+    shard = tmp_path / "corpus" / index["shards"][0]["raw_data"]["basename"]
+    data = bytearray(shard.read_bytes())  # rewritten at the same size
+    count = int(np.frombuffer(bytes(data[:4]), "<u4")[0])
+    last = int(np.frombuffer(bytes(data[4 * count : 4 * count + 4]), "<u4")[0])  # the last sample's offset
+    data[last : last + 4] = np.array([1 << 30], "<u4").tobytes()  # its tokens column claims 1 GB
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataSourceError, match=r"shard\.00000\.mds: a sample reaches beyond the shard's \d+ bytes"):
+        TokenizedDatasetManager(str(tmp_path / "corpus")).setup(None, tmp_path / "c")

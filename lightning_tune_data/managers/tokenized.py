@@ -7,8 +7,9 @@ another tool's format (Megatron, datatrove, Dolma, nanoGPT, llm.c, LitData, MDS;
 works out what a format without an index needs (its document boundaries, kept); ``setup`` opens
 the corpus from metadata on every rank. A remote train corpus larger than its share of the
 node's ``cache_budget`` is not copied: it is read by byte ranges through the node's shard cache
-(:mod:`lightning_tune_data.formats.ranged`); with a budget, the shards of a remote corpus that must
-be decoded (MDS shards, LitData items with size headers) are units of that cache, decoded when fetched.
+(:mod:`lightning_tune_data.formats.ranged`); with a budget, the shards that must be decoded (remote
+MDS shards and LitData items with size headers; local MDS shards that cannot be read in place)
+are units of that cache, decoded when fetched.
 """
 
 from __future__ import annotations

@@ -196,9 +196,10 @@ class RangedCorpus(CachedStore):
         self.budget, self.share = int(budget), int(share)
         largest = max(max(1, entry["size"]) for entry in self.shards)
         if 2 * largest > self.share:
+            unit = "decoded shards" if any("decode" in entry for entry in self.shards) else "byte ranges"
             raise ValueError(
                 f"{self.description}: cache_budget {human_size(self.budget)} ({human_size(self.share)} for this source) "
-                f"cannot hold two byte ranges of its files (the range being read and the next, fetched ahead: up to "
+                f"cannot hold two {unit} of its files (the one being read and the next, fetched ahead: up to "
                 f"{human_size(largest)} each). Raise cache_budget to at least "
                 f"{human_size(2 * largest * max(1, sharers))}.")
         self.sharers = int(sharers)

@@ -73,3 +73,11 @@ def test_a_sample_header_beyond_the_shard_fails_naming_the_shard(tmp_path: Path)
     shard.write_bytes(bytes(data))
     with pytest.raises(DataSourceError, match=r"shard\.00000\.mds: a sample reaches beyond the shard's \d+ bytes"):
         TokenizedDatasetManager(str(tmp_path / "corpus")).setup(None, tmp_path / "c")
+
+
+def test_a_budget_too_small_for_two_decoded_shards_says_how_much_is_needed(tmp_path: Path) -> None:
+    from lightning_tune_data.cache.root import StoreRoot
+
+    write_mds(tmp_path / "corpus", documents(40, seed=24), "zstd")
+    with pytest.raises(ValueError, match=r"cannot hold two decoded shards of its files .* at least"):
+        TokenizedDatasetManager(str(tmp_path / "corpus")).setup(None, StoreRoot(str(tmp_path / "node"), cache_budget=256))

@@ -9,8 +9,9 @@
   :mod:`~lightning_tune_data.formats.datatrove`, :mod:`~lightning_tune_data.formats.dolma`,
   :mod:`~lightning_tune_data.formats.nanogpt` (nanoGPT and llm.c),
   :mod:`~lightning_tune_data.formats.litdata`, :mod:`~lightning_tune_data.formats.mds`; the
-  delimiter scan the formats without an index share (:mod:`~lightning_tune_data.formats.delimited`)
-  and what is kept of it (:mod:`~lightning_tune_data.formats.kept`);
+  delimiter scan the formats without an index share (:mod:`~lightning_tune_data.formats.delimited`),
+  the copy of ids out of per-item headers (:mod:`~lightning_tune_data.formats.runs`) and what is
+  kept of either (:mod:`~lightning_tune_data.formats.kept`);
 * :mod:`~lightning_tune_data.formats.reading`: :func:`open_corpus`, any format;
 * :mod:`~lightning_tune_data.formats.ranged`: :class:`RangedCorpus`, a remote corpus larger than its
   share of ``cache_budget``, read by byte ranges through the node's shard cache;

@@ -17,12 +17,14 @@ The corpus pickles as its description (no mappings), so it travels into dataload
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from lightning_tune_data.formats.runs import gather_runs
 from lightning_tune_data.keys import INPUT_IDS, LOSS_MASK
 
 __all__ = ["CorpusFile", "CorpusTable", "TokenCorpus"]
@@ -44,6 +46,11 @@ class CorpusFile:
             read from byte ``loss_start``.
         loss_start: byte offset of the first token's mask byte in ``loss_path``.
         identity: ``{"url", "size", "stamp"}`` of the files read (recorded at first open).
+        starts: for documents that lie apart in the file (between per-item headers): each
+            document's first id, counted in ids from byte ``start`` (``None``: back to back).
+        decoder: for a file whose ids are not stored as one run (compressed MDS shards, items with
+            size headers) and that is read through the node cache: turns the file's bytes (``path``
+            is its URL) into its ids, when the cache fetches it (picklable).
     """
 
     name: str
@@ -55,6 +62,8 @@ class CorpusFile:
     loss_path: str | None = None
     loss_start: int = 0
     identity: list[dict[str, Any]] = field(default_factory=list)
+    decoder: Callable[[bytes], np.ndarray] | None = None
+    starts: np.ndarray | None = None
 
     @property
     def documents(self) -> int:
@@ -87,13 +96,30 @@ class CorpusFile:
                     "Restore the file, or start the data again (resume_data_state: false)."
                 )
 
+    @property
+    def span(self) -> int:
+        """Ids from ``start`` to the end of the last document (more than :attr:`num_tokens` when
+        the documents lie apart)."""
+        if self.starts is None or not len(self.starts):
+            return self.num_tokens
+        return int(self.starts[-1]) + int(self.offsets[-1] - self.offsets[-2])
+
     def token_array(self) -> np.ndarray:
-        """The file's token ids (memory-mapped, or the ones held in memory)."""
+        """The file's token ids (memory-mapped, or the ones held in memory); for documents that
+        lie apart, every id from the first document's to the last one's end, headers between included."""
         if self.tokens is not None:
             return self.tokens
-        if self.num_tokens == 0:
+        if self.span == 0:
             return np.zeros(0, dtype=self.dtype)
-        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.start, shape=(self.num_tokens,))
+        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.start, shape=(self.span,))
+
+    def document_ids(self) -> np.ndarray:
+        """The ids of the file's documents only, joined (a copy when they lie apart)."""
+        tokens = self.token_array()
+        if self.starts is None:
+            return tokens
+        width = np.dtype(self.dtype).itemsize
+        return gather_runs(tokens.view(np.uint8), self.starts * width, np.diff(self.offsets), self.dtype)
 
     def loss_array(self) -> np.ndarray | None:
         """The file's loss mask bytes (memory-mapped), or ``None`` when it has none."""
@@ -104,10 +130,15 @@ class CorpusFile:
         return np.memmap(self.loss_path, dtype=np.uint8, mode="r", offset=self.loss_start, shape=(self.num_tokens,))
 
 
-def _list_chunk(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
-    """A ``large_list`` array over ``values`` (zero-copy) with rows cut at ``offsets``."""
+def _list_chunk(values: np.ndarray, offsets: np.ndarray, starts: np.ndarray | None, view: bool) -> pa.Array:
+    """An array over ``values`` (zero-copy) with rows cut at ``offsets``: a ``large_list``, or with
+    ``view`` a ``large_list_view`` (rows at ``starts`` when given, apart in the values)."""
     arrow_values = pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
-    return pa.LargeListArray.from_arrays(pa.array(np.asarray(offsets, dtype=np.int64)), arrow_values)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    if not view:
+        return pa.LargeListArray.from_arrays(pa.array(offsets), arrow_values)
+    firsts = offsets[:-1] if starts is None else np.asarray(starts, dtype=np.int64)
+    return pa.LargeListViewArray.from_arrays(pa.array(firsts), pa.array(np.diff(offsets)), arrow_values)
 
 
 class CorpusTable:
@@ -170,11 +201,14 @@ class TokenCorpus:
         if self._table is None:
             for entry in self.files:
                 entry.check_unchanged()
-            columns = {INPUT_IDS: [_list_chunk(entry.token_array(), entry.offsets) for entry in self.files]}
+            view = any(entry.starts is not None for entry in self.files)  # documents apart: list views
+            columns = {INPUT_IDS: [_list_chunk(entry.token_array(), entry.offsets, entry.starts, view)
+                                   for entry in self.files]}
             if self.has_loss_mask:
-                columns[LOSS_MASK] = [_list_chunk(entry.loss_array(), entry.offsets) for entry in self.files]
-            kind = {INPUT_IDS: pa.large_list(pa.from_numpy_dtype(np.dtype(self.dtype))),
-                    LOSS_MASK: pa.large_list(pa.uint8())}
+                columns[LOSS_MASK] = [_list_chunk(entry.loss_array(), entry.offsets, entry.starts, view)
+                                      for entry in self.files]
+            listed = pa.large_list_view if view else pa.large_list
+            kind = {INPUT_IDS: listed(pa.from_numpy_dtype(np.dtype(self.dtype))), LOSS_MASK: listed(pa.uint8())}
             self._table = pa.table({name: pa.chunked_array(chunks, type=kind[name]) for name, chunks in columns.items()})
         return self._table
 
@@ -195,7 +229,7 @@ class TokenCorpus:
             if at in self._checked:
                 continue
             entry = self.files[at]
-            tokens = entry.token_array()
+            tokens = entry.document_ids()
             identity = entry.identity[0] if entry.identity else {"url": entry.name, "size": 0, "stamp": ""}
             kept = kept_arrays(kept_folder(local_dir, "largest", identity),
                                lambda: {"largest": np.array([int(tokens.max()) if len(tokens) else -1])})

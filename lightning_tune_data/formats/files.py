@@ -151,6 +151,13 @@ class CorpusFiles:
             self._bytes = sum(info["size"] for info in self.listing().values())
         return self._bytes > self.budget_share
 
+    @property
+    def budgeted(self) -> bool:
+        """Whether files that must be decoded (compressed, or ids left unaligned by per-item
+        headers) are decoded into the node's shard cache, under ``cache_budget``: with a budget,
+        local or remote."""
+        return self.budget_share is not None
+
     def fs_path(self, name: str) -> str:
         """``name`` (a listed file, or the URL of one) as its filesystem names it."""
         return name.split("://", 1)[1] if "://" in name else name

@@ -1,11 +1,14 @@
 """Results worked out once per file and node, kept on disk: delimiter scans and decoded files.
 
 Formats without an index (Dolma, nanoGPT, llm.c) find their document boundaries by scanning the
-token ids for the delimiter; formats whose documents are not contiguous token runs (MDS samples,
-LitData items with a size header) are decoded into one token file. Either is done the first time
-a node opens the file and kept under ``<local_cache_dir>/tokenized/kept/``, keyed by the file's URL,
-size and identity, so later opens (every rank, every run) read it back as memory-mapped arrays.
-A kept result is written to a temporary folder and renamed: a killed scan is never used.
+token ids for the delimiter (kept: 8 bytes per document); MDS shards keep each sample's position
+(or, when their ids must be copied out, one token file), LitData chunks whose ids are unaligned
+one token file. Either is done the first time a node opens the file and kept under
+``<local_cache_dir>/tokenized/kept/``, keyed by the file's URL, size and identity, so later opens
+(every rank, every run) read it back as memory-mapped arrays. A kept result is written to a
+temporary folder and renamed: a killed scan is never used. Kept results are outside the node's
+``cache_budget``; a remote corpus with a budget keeps no token file here (its shards are decoded
+into the node's shard cache instead).
 """
 
 from __future__ import annotations

@@ -11,6 +11,13 @@ budget as the shards of our own stores. A datatrove ``.ds.loss`` range travels i
 after the ids. Cutting at document boundaries means a document's ids are always in one unit, so
 a reader maps them zero-copy, as it maps a shard of a store.
 
+A file whose ids must be decoded (an MDS shard, a LitData chunk of items with size headers: its
+:attr:`~lightning_tune_data.formats.corpus.CorpusFile.decoder` is set) is one unit whole: the
+fetch reads the file, decodes it and writes its ids back to back, checked against the size
+recorded at open; an evicted unit is decoded again when it is needed. Such a corpus is read
+through the node cache whenever there is a budget, whatever its size, so no decoded copy is ever
+kept outside the budget.
+
 :class:`RangedCorpus` stands where a :class:`~lightning_tune_data.cache.cached_store.CachedStore`
 stands: its ranges are the store's shards, so the windowed shuffle, the fetches ahead, the
 eviction by next use and exact and elastic resume work unchanged. Before a range is fetched, the
@@ -74,20 +81,25 @@ class RangeFetcher:
 
     Args:
         files: the corpus's files.
-        memory: ids held in memory by file number (documents joined across llm.c files).
+        memory: by file number, ids held in memory (documents joined across llm.c files), or the
+            decoder of a file read whole and decoded (an MDS shard, a LitData chunk with item headers).
         retries: how failing reads are retried.
     """
 
-    def __init__(self, files: CorpusFiles, memory: dict[int, np.ndarray], retries: FetchRetries = FetchRetries()) -> None:
+    def __init__(self, files: CorpusFiles, memory: dict[int, Any], retries: FetchRetries = FetchRetries()) -> None:
         self.files, self.memory, self.retries = files, memory, retries
 
     def _check_unchanged(self, url: str, size: int, stamp: str) -> None:
-        fs = self._fs()
         path = self.files.fs_path(url)
         try:
-            fs.invalidate_cache(path)
-            info = fs.info(path)
-            now = (int(info["size"]), stamp_of(info))
+            if self.files.remote:
+                fs = self._fs()
+                fs.invalidate_cache(path)
+                info = fs.info(path)
+                now = (int(info["size"]), stamp_of(info))
+            else:  # a local file: its size and modification time as listed
+                stat = os.stat(path)
+                now = (stat.st_size, str(stat.st_mtime_ns))
         except FileNotFoundError:
             now = None
         if now != (size, stamp):
@@ -128,13 +140,23 @@ class RangeFetcher:
                  on_bytes: Any) -> None:
         """Write range ``entry``'s bytes to ``target`` (the node cache renames it into place); the
         node cache's arguments ``store``, ``relative`` and ``retries`` are not needed."""
-        parts: list[bytes] = []
+        parts: list[Any] = []
         if "memory" in entry:
             parts.append(self.memory[entry["memory"]][entry["first"] : entry["end"]].tobytes())
         else:
             for url, start, end, size, stamp in entry["reads"]:
                 self._check_unchanged(url, size, stamp)
                 parts.append(self._read(url, start, end))
+        if "decode" in entry:
+            try:
+                tokens = self.memory[entry["decode"]](parts[0])
+            except ValueError as error:
+                raise DataSourceError(str(error)) from None
+            if tokens.nbytes != entry["size"]:
+                raise DataSourceError(
+                    f"{self.files.description}: {entry['reads'][0][0]} decodes to {tokens.nbytes} bytes of ids, "
+                    f"{entry['size']} when the corpus was opened: it changed. Restore it, or start the data again.")
+            parts = [memoryview(np.ascontiguousarray(tokens)).cast("B")]
         with open(target, "wb") as handle:
             for part in parts:
                 handle.write(part)
@@ -145,7 +167,8 @@ class RangeFetcher:
 
 class RangedCorpus(CachedStore):
     """A remote :class:`~lightning_tune_data.formats.corpus.TokenCorpus` read range by range
-    through the node's shard cache (see the module's description).
+    through the node's shard cache, or a local one whose files are decoded into it (see the
+    module's description).
 
     Args:
         corpus: the corpus, opened from its metadata (its files' paths are URLs).
@@ -173,17 +196,21 @@ class RangedCorpus(CachedStore):
         self.budget, self.share = int(budget), int(share)
         largest = max(max(1, entry["size"]) for entry in self.shards)
         if 2 * largest > self.share:
+            unit = "decoded shards" if any("decode" in entry for entry in self.shards) else "byte ranges"
             raise ValueError(
                 f"{self.description}: cache_budget {human_size(self.budget)} ({human_size(self.share)} for this source) "
-                f"cannot hold two byte ranges of its files (the range being read and the next, fetched ahead: up to "
+                f"cannot hold two {unit} of its files (the one being read and the next, fetched ahead: up to "
                 f"{human_size(largest)} each). Raise cache_budget to at least "
                 f"{human_size(2 * largest * max(1, sharers))}.")
         self.sharers = int(sharers)
         self.order = plan_window(self.shard_rows.tolist(), [max(1, entry["size"]) for entry in self.shards],
                                  corpus.num_tokens, self.share, window, int(range_bytes), self.description, self.sharers)
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", files.path.rstrip("/").rsplit("/", 1)[-1]).strip("-.") or "corpus"
-        protocol, rest = files.path.split("://", 1)
-        bucket = f"{protocol}://{rest.split('/', 1)[0]}"  # the root is named only (the fetcher reads the files)
+        if files.remote:
+            protocol, rest = files.path.split("://", 1)
+            bucket = f"{protocol}://{rest.split('/', 1)[0]}"  # the root is named only (the fetcher reads the files)
+        else:  # a local corpus whose shards are decoded into the node cache
+            bucket = os.path.dirname(os.path.abspath(files.path.rstrip("/"))) or "/"
         store_files = StoreFiles(StoreRoot(bucket, files.storage_options, files.local_dir), name)
         self.cache = NodeShardCache(store_files, Path(folder), self.shards, self.budget, description=self.description)
         self.cache.fetch = RangeFetcher(files, memory)
@@ -198,6 +225,16 @@ class RangedCorpus(CachedStore):
             identity = {item["url"]: item for item in entry.identity}
             if entry.tokens is not None:
                 memory[number] = entry.tokens
+            if entry.decoder is not None:  # decoded whole: one unit per file (a shard of MDS, a chunk of LitData)
+                size = int(identity[entry.path]["size"])
+                key = xxhash.xxh3_64(repr((entry.name, size, identity[entry.path]["stamp"], entry.dtype,
+                                           "decoded")).encode()).hexdigest()
+                shards.append({"file": number, "documents": (0, entry.documents), "rows": entry.documents,
+                               "size": entry.num_tokens * width, "decode": number,
+                               "reads": [(entry.path, 0, size, size, str(identity[entry.path]["stamp"]))],
+                               "path": f"ranges/{number:06d}/decoded.ids", CHECKSUM_ALGORITHM: key})
+                memory[number] = entry.decoder
+                continue
             for part, (first, end) in enumerate(cut_ranges(entry.offsets, width, range_bytes)):
                 lo, hi = int(entry.offsets[first]), int(entry.offsets[end])
                 item: dict[str, Any] = {"file": number, "documents": (first, end), "rows": end - first,

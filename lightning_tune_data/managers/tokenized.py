@@ -7,7 +7,9 @@ another tool's format (Megatron, datatrove, Dolma, nanoGPT, llm.c, LitData, MDS;
 works out what a format without an index needs (its document boundaries, kept); ``setup`` opens
 the corpus from metadata on every rank. A remote train corpus larger than its share of the
 node's ``cache_budget`` is not copied: it is read by byte ranges through the node's shard cache
-(:mod:`lightning_tune_data.formats.ranged`).
+(:mod:`lightning_tune_data.formats.ranged`); with a budget, the shards that must be decoded (remote
+MDS shards and LitData items with size headers; local MDS shards that cannot be read in place)
+are units of that cache, decoded when fetched.
 """
 
 from __future__ import annotations
@@ -203,7 +205,8 @@ class TokenizedDatasetManager(DatasetManager):
             corpus = open_corpus(files, self.format, options)
         except (ValueError, FileNotFoundError) as error:
             raise DataSourceError(str(error)) from None
-        return ranged_corpus(corpus, files, root) if files.ranged else corpus
+        decoded = any(entry.decoder is not None for entry in corpus.files)  # shards decoded into the node cache
+        return ranged_corpus(corpus, files, root) if files.ranged or decoded else corpus
 
     def _is_store(self, root: StoreRoot) -> bool:
         if self.format != "auto":

@@ -72,6 +72,9 @@ def document_lengths(dataset: Any, column: str = INPUT_IDS) -> np.ndarray:
         )
     parts = []
     for chunk in table.column(column).chunks:
+        if isinstance(chunk, (pa.ListViewArray, pa.LargeListViewArray)):  # rows apart in the values
+            parts.append(chunk.sizes.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
+            continue
         if not isinstance(chunk, (pa.ListArray, pa.LargeListArray)):
             raise ValueError(f"document_lengths: column '{column}' holds {chunk.type}, not lists of token ids.")
         parts.append(np.diff(chunk.offsets.to_numpy(zero_copy_only=False)).astype(np.int64, copy=False))

@@ -39,3 +39,21 @@ def test_a_file_changed_after_open_is_named_when_it_is_mapped(tmp_path: Path) ->
     np.arange(12, dtype=np.uint16).tofile(tmp_path / "a.bin")
     with pytest.raises(ValueError, match=r"a\.bin changed since the corpus was opened \(20 bytes then, 24 bytes now\)"):
         pickle.loads(pickle.dumps(corpus)).table()
+
+
+def test_documents_apart_in_a_file_are_list_views_and_the_bytes_between_are_never_ids(tmp_path: Path) -> None:
+    path = tmp_path / "items.bin"
+    np.array([900, 1, 2, 901, 902, 3, 4, 5, 903, 6], dtype=np.uint16).tofile(path)  # 90x: headers between
+    stat = os.stat(path)
+    entry = CorpusFile(str(path), "uint16", np.array([0, 2, 5, 6]), path=str(path), start=2,
+                       starts=np.array([0, 4, 8]),
+                       identity=[{"url": str(path), "size": stat.st_size, "stamp": str(stat.st_mtime_ns)}])
+    corpus = TokenCorpus([entry, CorpusFile("joined", "uint16", np.array([0, 1]), tokens=np.array([7], np.uint16))],
+                         "litdata", str(path))
+    assert entry.span == 9 and entry.document_ids().tolist() == [1, 2, 3, 4, 5, 6]
+    assert str(corpus.table().column("input_ids").type) == "large_list_view<item: uint16>"
+    assert [corpus[i]["input_ids"] for i in range(4)] == [[1, 2], [3, 4, 5], [6], [7]]
+    corpus.id_check = (10, str(tmp_path / "node"))  # the headers (900-903) are beyond it, the ids are not
+    corpus.check_ids(np.arange(4))
+    copy = pickle.loads(pickle.dumps(corpus))
+    assert copy.table().equals(corpus.table())

@@ -5,11 +5,22 @@ budget plus one range, ranges shared by the node's readers, a file changed under
 from __future__ import annotations
 
 import multiprocessing
+import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenized_writers import documents, write_datatrove, write_llmc, write_megatron
+from tokenized_writers import (
+    documents,
+    litdata_documents,
+    mds_documents,
+    write_datatrove,
+    write_litdata,
+    write_llmc,
+    write_mds,
+    write_megatron,
+)
 
 from lightning_tune_data import TokenizedDatasetManager
 from lightning_tune_data.cache.root import StoreRoot
@@ -71,6 +82,54 @@ def test_a_corpus_larger_than_its_budget_reads_the_local_documents_within_budget
     assert not list((tmp_path / "node" / LOCAL_COPIES_FOLDER).rglob("*.bin"))  # never copied whole
     bins = sum(s3.requests.gets(f"corpus/part-{n}.bin") for n in range(3))
     assert bins >= corpus.num_shards  # read range by range (some again after eviction)
+
+
+def bytes_under(folder: Path) -> int:
+    """Bytes of the files under ``folder`` (a file the prefetcher evicts meanwhile counts nothing)."""
+    total = 0
+    for path in folder.rglob("*"):
+        try:
+            total += path.stat().st_size if path.is_file() else 0
+        except FileNotFoundError:
+            pass
+    return total
+
+
+@pytest.mark.parametrize(("format", "remote"), [("mds", True), ("litdata", True), ("mds", False)])
+def test_shards_to_decode_are_units_of_the_node_cache_within_budget(tmp_path: Path, s3, format, remote) -> None:
+    docs = documents(300, seed=17, longest=60)
+    if format == "mds":
+        write_mds(tmp_path / "corpus", docs, "zstd")  # 64 shards of about 700 bytes
+    else:
+        write_litdata(tmp_path / "corpus", docs, tokens_loader=False)  # items with a size header each
+    upload(s3, tmp_path / "corpus", "corpus")
+    budget = 4096  # of about 36 KB (MDS: int32) or 18 KB (LitData: uint16) of decoded ids
+    if remote:
+        manager = TokenizedDatasetManager(f"{s3.url}/corpus/", storage_options=s3.storage_options)
+    else:  # a local compressed corpus: decoded into the node cache too when there is a budget
+        manager = TokenizedDatasetManager(str(tmp_path / "corpus"))
+    corpus = manager.setup(None, root(tmp_path, budget))
+    assert isinstance(corpus, RangedCorpus) and all("decode" in entry for entry in corpus.shards)
+    assert corpus.num_tokens * np.dtype(corpus.corpus.dtype).itemsize > 4 * budget
+    largest, seen = max(entry["size"] for entry in corpus.shards), []
+    for number, sample in enumerate(CorpusSource(corpus, "web", seed=5, num_passes=1)):
+        seen.append(sample["input_ids"].tolist())
+        if number % 10 == 0:
+            on_disk = bytes_under(tmp_path / "node" / "shard-cache")
+            assert corpus.cache.node_usage() <= budget + largest and on_disk <= budget + largest
+    theirs = mds_documents(tmp_path / "corpus") if format == "mds" else litdata_documents(tmp_path / "corpus")
+    assert read_all(pickle.loads(pickle.dumps(corpus)), seed=5) == seen  # as a dataloader worker gets it
+    assert sorted(seen) == sorted(doc.tolist() for doc in theirs) == sorted(doc.tolist() for doc in docs)
+    if not remote:
+        (tmp_path / "corpus" / "shard.00003.mds.zstd").write_bytes(b"changed")  # a file changed under the run
+        shutil.rmtree(tmp_path / "node" / "shard-cache")
+        with pytest.raises(DataSourceError, match=r"shard\.00003\.mds\.zstd changed while the run read it"):
+            read_all(corpus)
+    outside = [p for p in (tmp_path / "node" / LOCAL_COPIES_FOLDER).rglob("*") if p.is_file()]
+    assert not [p for p in outside if p.name == "tokens.npy"]  # no decoded copy outside the budget
+    index = (tmp_path / "corpus" / "index.json").stat().st_size
+    bound = index + len(corpus.shards) * 512 + 8 * len(docs)  # index, headers, boundaries: documented bound
+    assert sum(p.stat().st_size for p in outside) <= bound
 
 
 def _read_in_child(corpus: RangedCorpus, queue) -> None:  # noqa: ANN001

@@ -12,7 +12,7 @@ import torch
 from conftest import BatchRecorder, make_texts, write_jsonl
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
-from tokenized_writers import EOS, documents, write_megatron
+from tokenized_writers import EOS, documents, write_litdata, write_mds, write_megatron
 
 from lightning_tune_data import LocalDatasetManager, TextDataModule, TokenizedDatasetManager
 from lightning_tune_data.datamodule.store_tasks import stored_sources
@@ -193,6 +193,44 @@ def test_every_packing_strategy_trains_on_a_remote_corpus_read_by_ranges_and_res
     with pytest.raises(ValueError, match=r"changed since the checkpoint was written: \['s3://.*/corpus/part-1\.bin'\]") as error:
         ranged_fit(tmp_path, s3, tmp_path / "changed", packing, str(checkpoint), num_workers=num_workers)
     assert "\n" not in str(error.value)
+
+
+def test_a_litdata_corpus_read_in_place_between_item_sizes_resumes_bitwise(tmp_path: Path) -> None:
+    write_litdata(tmp_path / "litdata", documents(120, seed=21, longest=50), tokens_loader=False)
+    write_jsonl(tmp_path / "text.jsonl", make_texts(60, seed=22))
+
+    def make() -> TextDataModule:
+        managers = {"web": TokenizedDatasetManager(str(tmp_path / "litdata"), weight=0.6),
+                    "text": LocalDatasetManager(data_files=str(tmp_path / "text.jsonl"), weight=0.4)}
+        return TextDataModule({"train": managers}, max_seq_len=48, batch_size=4, seed=3, mix_by="tokens",
+                              cache_dir=str(tmp_path / "cache"), packing="best_fit")
+
+    full, dm = recorded_fit(make, tmp_path / "full")
+    assert all(entry.starts is not None for entry in dm.dataset("train", "web").files)  # list views, no copy
+    [checkpoint] = (tmp_path / "full" / "ckpt").glob(f"*step={CHECKPOINT_STEP}.ckpt")
+    resumed, _ = recorded_fit(make, tmp_path / "resumed", str(checkpoint))
+    assert resumed.steps == list(range(CHECKPOINT_STEP, FINAL_STEP))
+    for want, got in zip(full.batches[CHECKPOINT_STEP:], resumed.batches, strict=True):
+        for key in want:
+            if isinstance(want[key], torch.Tensor):
+                assert torch.equal(want[key], got[key]), key
+    assert int(torch.cat([batch[INPUT_IDS].flatten() for batch in full.batches]).max()) > 258  # LitData ids read
+
+
+def test_a_remote_mds_corpus_decoded_into_the_node_cache_resumes_bitwise(tmp_path: Path, s3) -> None:
+    write_mds(tmp_path / "remote", documents(150, seed=41, longest=60), "zstd")  # 32 shards, 18 KB of ids
+    for path in sorted((tmp_path / "remote").iterdir()):
+        s3.put(f"corpus/{path.name}", path.read_bytes())
+    write_jsonl(tmp_path / "text.jsonl", make_texts(60, seed=22))
+    full = ranged_fit(tmp_path, s3, tmp_path / "full", "best_fit")
+    [checkpoint] = (tmp_path / "full" / "ckpt").glob(f"*step={CHECKPOINT_STEP}.ckpt")
+    shutil.rmtree(tmp_path / "cache" / "shard-cache")  # the resumed run decodes its shards again
+    resumed = ranged_fit(tmp_path, s3, tmp_path / "resumed", "best_fit", str(checkpoint))
+    assert resumed.steps == list(range(CHECKPOINT_STEP, FINAL_STEP))
+    for want, got in zip(full.batches[CHECKPOINT_STEP:], resumed.batches, strict=True):
+        for key in want:
+            assert torch.equal(want[key], got[key]), key
+    assert int(torch.cat([batch[INPUT_IDS].flatten() for batch in full.batches]).max()) > 258  # MDS ids were read
 
 
 def test_the_report_draws_batches_of_a_foreign_source(tmp_path: Path) -> None:

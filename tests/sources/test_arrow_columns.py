@@ -154,3 +154,30 @@ def test_flat_positions_span_memory_mapped_and_in_memory_chunks_far_apart(tmp_pa
     in_memory = pa.table({"input_ids": pa.array([[7, 8, 9]] * 5, type=pa.list_(pa.int32()))})
     by_view, by_position = _row_views_and_flat_reads(pa.concat_tables([in_memory, mapped, in_memory]))
     assert by_position == by_view and len(by_view) == 310
+
+
+def test_list_view_chunks_with_gaps_between_rows_read_as_their_rows():
+    from lightning_tune_data.sources.lengths import document_lengths
+
+    rows, chunks = [], []
+    for chunk_number, count in enumerate([5, 0, 7]):
+        values = np.arange(1000 * chunk_number, 1000 * chunk_number + 200, dtype=np.uint16)  # gaps hold other ids
+        starts = np.arange(count, dtype=np.int64) * 20 + 3
+        sizes = np.arange(count, dtype=np.int64) % 4 + 1
+        chunks.append(pa.LargeListViewArray.from_arrays(pa.array(starts), pa.array(sizes), pa.array(values)))
+        rows += [values[a : a + n].tolist() for a, n in zip(starts, sizes)]
+    whole = pa.chunked_array([*chunks, chunks[2].slice(2, 4)])
+    rows += rows[-7:][2:6]
+    column = ListColumn(whole, "input_ids", "src")
+    assert [column.row(i).tolist() for i in range(len(rows))] == rows
+    picked = np.array([11, 0, 4, 15, 7])
+    views, lengths = column.rows_and_lengths(picked)
+    assert [view.tolist() for view in views] == [rows[i] for i in picked]
+    assert lengths.tolist() == [len(rows[i]) for i in picked]
+    assert column.lengths().tolist() == [len(row) for row in rows]
+    as_dataset = type("Cached", (), {"data": pa.table({"input_ids": whole})})()  # what a corpus hands out
+    assert document_lengths(as_dataset).tolist() == [len(row) for row in rows]
+    flat = column.flat()
+    assert flat is not None and flat.sizes is not None
+    starts, lengths = flat.positions(np.arange(len(rows)))
+    assert [flat.values[a : a + n].tolist() for a, n in zip(starts, lengths)] == rows

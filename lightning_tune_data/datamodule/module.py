@@ -32,7 +32,6 @@ from lightning.pytorch import LightningDataModule
 from lightning_tune_data.cache.checksums import VerifyMode
 from lightning_tune_data.cache.root import BuildStores, StoreRoot, default_local_cache_dir
 from lightning_tune_data.datamodule.batch_hooks import TrainBatchHooks
-from lightning_tune_data.datamodule.corpus_agreement import check_files_agree
 from lightning_tune_data.datamodule.eval_loaders import eval_loaders
 from lightning_tune_data.datamodule.mix_control import MixControl, load_mix_state, train_timeline, with_mix_state
 from lightning_tune_data.datamodule.manager_data import (
@@ -236,8 +235,6 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
         """
         check_stage(self.dataset_managers, stage, getattr(self, "trainer", None), infinite_stream=self.stopping_strategy == "infinite" and self.train_mode == "stream")
         set_up_datasets(self._datasets, self.dataset_managers, stage, self.tokenizer, self.store_root)
-        if stage in (None, "fit"):  # every rank reads the files rank 0 opened (a collective under DDP)
-            check_files_agree(self._datasets["train"])
         if self._datasets["train"] and not self._overlong_checked:  # one pass over the cached columns, once
             self._overlong_checked = check_train_documents(self._datasets["train"], self._managers("train"),
                                                            self.max_seq_len, self.overlong, self.packing)

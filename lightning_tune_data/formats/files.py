@@ -22,12 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from lightning_tune_data.formats.remote_reads import ChangedFile, pooled_options, read_checked
 from lightning_tune_data.managers.errors import DataSourceError
 
-__all__ = ["CONCURRENT_REQUESTS", "CorpusFiles", "LOCAL_COPIES_FOLDER", "RemoteTokens", "stamp_of"]
-
-#: Requests in flight at once when many small files (index files, headers) are fetched at open.
-CONCURRENT_REQUESTS = 64
+__all__ = ["CorpusFiles", "LOCAL_COPIES_FOLDER", "RemoteTokens", "stamp_of"]
 
 #: Folder of this node's copies of remote corpus files, under the local cache folder.
 LOCAL_COPIES_FOLDER = "tokenized"
@@ -106,7 +104,7 @@ class CorpusFiles:
     def _fs(self) -> Any:
         import fsspec
 
-        return fsspec.core.url_to_fs(self.path, **self.storage_options)[0]
+        return fsspec.core.url_to_fs(self.path, **pooled_options(self._protocol(), self.storage_options))[0]
 
     def _protocol(self) -> str:
         return self.path.split("://", 1)[0]
@@ -224,8 +222,7 @@ class CorpusFiles:
             return {name: self.read_bytes(name) for name in names}
         copies = {name: self._copy_path(name) for name in names}
         missing = [name for name in names if not self._is_copied(name, copies[name])]
-        found = self._fs().cat(missing, on_error="raise", batch_size=CONCURRENT_REQUESTS) if missing else {}
-        self.check_unchanged(missing)
+        found = dict(zip(missing, self._read_checked([(name, None, None) for name in missing])))
         for name in missing:
             self._keep(copies[name], found[name])
         return {name: found[name] if name in found else _read(copies[name]) for name in names}
@@ -250,13 +247,22 @@ class CorpusFiles:
         missing = [name for name in lengths if name not in found]
         if missing:
             ends = [min(lengths[name], self.listing()[name]["size"]) for name in missing]
-            heads = self._fs().cat_ranges(missing, [0] * len(missing), ends, on_error="raise",
-                                          batch_size=CONCURRENT_REQUESTS)
-            self.check_unchanged(missing)
+            heads = self._read_checked([(name, 0, end) for name, end in zip(missing, ends)])
             for name, head in zip(missing, heads):
                 self._keep(kept[name], head)
                 found[name] = head
         return found
+
+    def _read_checked(self, reads: list[tuple[str, int | None, int | None]]) -> list[bytes]:
+        """Many small reads at once, each of the bytes recorded at open (see :func:`read_checked`)."""
+        try:
+            data, checked = read_checked(self._fs(), [(*read, self.listing()[read[0]]["stamp"]) for read in reads])
+        except ChangedFile as changed:
+            self.check_unchanged([str(changed)])
+            raise
+        if not checked:
+            self.check_unchanged(sorted({name for name, _, _ in reads}))
+        return data
 
     def _copy_path(self, name: str) -> Path:
         """Where this node keeps its copy of remote file ``name`` (named by its URL and identity)."""

@@ -6,7 +6,10 @@ time), reads small files and byte ranges (headers, index files), and gives a loc
 file to memory-map. A local file is used in place. A remote file is copied whole, once per node,
 into ``<local_cache_dir>/tokenized/``, named by its URL and identity (a changed remote file is
 fetched again under a new name, never mixed with an old copy), written to a temporary name and
-renamed, so a killed copy is never used. A remote corpus larger than its share of the node's
+renamed, so a killed copy is never used. Every copy is checked against the size and identity the
+listing recorded (small files on S3 with a GET conditional on that ETag, see
+:mod:`lightning_tune_data.formats.remote_reads`): a file replaced since the corpus was opened is
+named, never copied as other bytes than the run recorded. A remote corpus larger than its share of the node's
 ``cache_budget`` is not copied at all (:attr:`CorpusFiles.ranged`): its token files are read by
 byte ranges through the node's shard cache (:mod:`lightning_tune_data.formats.ranged`), and what
 opening needs of them (headers, a delimiter scan) is read with ranged requests.
@@ -258,8 +261,9 @@ class CorpusFiles:
         try:
             data, checked = read_checked(self._fs(), [(*read, self.listing()[read[0]]["stamp"]) for read in reads])
         except ChangedFile as changed:
-            self.check_unchanged([str(changed)])
-            raise
+            self.check_unchanged([str(changed)])  # names what changed
+            raise DataSourceError(f"{self.description}: {self.url(str(changed))} changed while it was read. Restart "
+                                  "the run once it is stable, or train from a copy that does not change.") from None
         if not checked:
             self.check_unchanged(sorted({name for name, _, _ in reads}))
         return data

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import re
 from typing import Any
 
 __all__ = ["CONCURRENT_REQUESTS", "ChangedFile", "pooled_options", "read_checked"]
 
 #: Requests in flight at once when many small files are read at open.
 CONCURRENT_REQUESTS = 64
+
+_ETAG = re.compile(r"^[0-9a-fA-F]{16,}(-[0-9]+)?$")  # an MD5 (with a multipart upload's part count)
 
 
 class ChangedFile(Exception):
@@ -52,7 +55,8 @@ def read_checked(fs: Any, reads: list[tuple[str, int | None, int | None, str]]) 
     """
     if not reads:
         return [], True
-    if getattr(fs, "protocol", None) and "s3" in fs.protocol and hasattr(fs, "_call_s3"):
+    s3 = "s3" in (getattr(fs, "protocol", None) or ()) and hasattr(fs, "_call_s3")
+    if s3 and all(_ETAG.match(stamp) for _, _, _, stamp in reads):  # an S3-compatible store that lists ETags
         from fsspec.asyn import sync
 
         return sync(fs.loop, _conditional_gets, fs, reads), True

@@ -25,6 +25,9 @@ def test_on_s3_each_file_costs_one_conditional_get_and_a_replaced_one_is_named(t
     assert checked and data == [bytes([n]) * (10 + n) for n in range(12)] + [bytes([3]) * 4]
     served = s3.requests.log[before:]
     assert len(served) == 13 and {method for method, _ in served} == {"GET"}  # no HEAD, no listing
+    before = len(s3.requests.log)
+    assert read_checked(fs, [(reads[0][0], None, None, "2026-11-28 07:00:00+00:00")]) == ([bytes([0]) * 10], False)
+    assert len(s3.requests.log) == before + 1  # a store listing no ETag: a plain read, the caller checks after
     s3.put("small/f05.idx", b"new bytes")
     with pytest.raises(ChangedFile, match=r"small/f05\.idx"):
         read_checked(fs, reads)

@@ -9,6 +9,7 @@ from typing import Any
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lightning_tune_data.datamodule.corpus_agreement import check_files_agree
 from lightning_tune_data.datamodule.splits import SPLITS_FOR_STAGE
 from lightning_tune_data.datamodule.train_stream import packing_splits_documents, warn_overlong_documents
 from lightning_tune_data.sources.lengths import NoTargetSummary, no_target_summary
@@ -98,12 +99,17 @@ def check_train_documents(datasets: Mapping[str, Any], managers: Mapping[str, An
         overlong: ``"truncate"`` or ``"drop"``.
         packing: the packing strategy's name, or ``None``.
 
+    First, under DDP, every rank's tokenized corpora must have the file identities rank 0
+    recorded (:func:`~lightning_tune_data.datamodule.corpus_agreement.check_files_agree`).
+
     Returns:
         ``True``: the documents were checked (the datamodule then checks them only once).
 
     Raises:
         ValueError: every document of a source (without stream transforms) has no target token.
+        DataSourceError: a rank opened a file of a tokenized corpus other than rank 0 did.
     """
+    check_files_agree(dict(datasets))  # every rank reads the files rank 0 opened (a collective under DDP)
     warn_overlong_documents(datasets, max_seq_len, overlong, packing)
     cap = None if packing_splits_documents(packing) else max_seq_len
     for name, dataset in datasets.items():

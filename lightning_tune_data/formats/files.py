@@ -6,7 +6,10 @@ time), reads small files and byte ranges (headers, index files), and gives a loc
 file to memory-map. A local file is used in place. A remote file is copied whole, once per node,
 into ``<local_cache_dir>/tokenized/``, named by its URL and identity (a changed remote file is
 fetched again under a new name, never mixed with an old copy), written to a temporary name and
-renamed, so a killed copy is never used. A remote corpus larger than its share of the node's
+renamed, so a killed copy is never used. Every copy is checked against the size and identity the
+listing recorded (small files on S3 with a GET conditional on that ETag, see
+:mod:`lightning_tune_data.formats.remote_reads`): a file replaced since the corpus was opened is
+named, never copied as other bytes than the run recorded. A remote corpus larger than its share of the node's
 ``cache_budget`` is not copied at all (:attr:`CorpusFiles.ranged`): its token files are read by
 byte ranges through the node's shard cache (:mod:`lightning_tune_data.formats.ranged`), and what
 opening needs of them (headers, a delimiter scan) is read with ranged requests.
@@ -22,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_tune_data.formats.remote_reads import ChangedFile, pooled_options, read_checked
 from lightning_tune_data.managers.errors import DataSourceError
 
 __all__ = ["CorpusFiles", "LOCAL_COPIES_FOLDER", "RemoteTokens", "stamp_of"]
@@ -30,6 +34,8 @@ __all__ = ["CorpusFiles", "LOCAL_COPIES_FOLDER", "RemoteTokens", "stamp_of"]
 LOCAL_COPIES_FOLDER = "tokenized"
 
 _GLOB_CHARACTERS = "*?["
+#: Up to this many copied files are checked one by one after copying; more, with one listing.
+_INFO_CHECKS = 8
 
 
 def stamp_of(info: dict[str, Any]) -> str:
@@ -101,7 +107,7 @@ class CorpusFiles:
     def _fs(self) -> Any:
         import fsspec
 
-        return fsspec.core.url_to_fs(self.path, **self.storage_options)[0]
+        return fsspec.core.url_to_fs(self.path, **pooled_options(self._protocol(), self.storage_options))[0]
 
     def _protocol(self) -> str:
         return self.path.split("://", 1)[0]
@@ -120,19 +126,7 @@ class CorpusFiles:
         """
         if self._listing is not None:
             return self._listing
-        found: dict[str, dict[str, Any]] = {}
-        if self.remote:
-            fs = self._fs()
-            base = self.path.split("://", 1)[1]
-            if any(char in base for char in _GLOB_CHARACTERS):
-                details = fs.glob(base, detail=True)
-            else:  # one listing of the prefix (asking whether it is a folder first would list it twice)
-                details = fs.find(base, detail=True) or ({base: fs.info(base)} if fs.exists(base) else {})
-            for name, info in details.items():
-                if info.get("type", "file") == "file":
-                    found[name] = {"size": int(info["size"]), "stamp": stamp_of(info)}
-        else:
-            found = _local_listing(self.path)
+        found = self._remote_listing(self._fs()) if self.remote else _local_listing(self.path)
         if not found:
             raise FileNotFoundError(
                 f"{self.description}: path {self.path!r} matches no file. Check the path (a folder, a glob such as "
@@ -140,6 +134,51 @@ class CorpusFiles:
             )
         self._listing = dict(sorted(found.items()))
         return self._listing
+
+    def _remote_listing(self, fs: Any) -> dict[str, dict[str, Any]]:
+        """What the URL matches now: one listing of the prefix (asking whether it is a folder first
+        would list it twice), or of the glob."""
+        base = self.path.split("://", 1)[1]
+        if any(char in base for char in _GLOB_CHARACTERS):
+            details = fs.glob(base, detail=True)
+        else:
+            details = fs.find(base, detail=True) or ({base: fs.info(base)} if fs.exists(base) else {})
+        return {name: {"size": int(info["size"]), "stamp": stamp_of(info)}
+                for name, info in details.items() if info.get("type", "file") == "file"}
+
+    def check_unchanged(self, names: list[str]) -> None:
+        """Fail unless remote files ``names`` still have the size and identity recorded at open
+        (called after copying them: a copy holds the bytes the run recorded, never newer ones).
+        A few files are asked about one by one; more, with one fresh listing.
+
+        Raises:
+            DataSourceError: naming the first changed file, what changed and what to do.
+        """
+        if not self.remote or not names:
+            return
+        fs = self._fs()
+        now: dict[str, dict[str, Any]] = {}
+        if len(names) > _INFO_CHECKS:
+            fs.invalidate_cache()
+            now = self._remote_listing(fs)
+        else:
+            for name in names:
+                fs.invalidate_cache(name)
+                try:
+                    info = fs.info(name)
+                except FileNotFoundError:
+                    continue
+                now[name] = {"size": int(info["size"]), "stamp": stamp_of(info)}
+        for name in names:
+            then = self.listing()[name]
+            if now.get(name) != then:
+                found = now.get(name)
+                raise DataSourceError(
+                    f"{self.description}: {self.url(name)} changed since the corpus was opened ({then['size']} bytes, "
+                    f"identity {then['stamp']} then; "
+                    f"{'missing' if found is None else str(found['size']) + ' bytes, identity ' + found['stamp']} now), "
+                    "so this node's copy would hold other bytes than the run recorded. Restart the run so that every "
+                    "node opens the new file, or train from a copy that does not change (a pinned copy or version).")
 
     @property
     def ranged(self) -> bool:
@@ -193,7 +232,7 @@ class CorpusFiles:
             return {name: self.read_bytes(name) for name in names}
         copies = {name: self._copy_path(name) for name in names}
         missing = [name for name in names if not self._is_copied(name, copies[name])]
-        found = self._fs().cat(missing, on_error="raise") if missing else {}
+        found = dict(zip(missing, self._read_checked([(name, None, None) for name in missing])))
         for name in missing:
             self._keep(copies[name], found[name])
         return {name: found[name] if name in found else _read(copies[name]) for name in names}
@@ -218,11 +257,23 @@ class CorpusFiles:
         missing = [name for name in lengths if name not in found]
         if missing:
             ends = [min(lengths[name], self.listing()[name]["size"]) for name in missing]
-            heads = self._fs().cat_ranges(missing, [0] * len(missing), ends, on_error="raise")
+            heads = self._read_checked([(name, 0, end) for name, end in zip(missing, ends)])
             for name, head in zip(missing, heads):
                 self._keep(kept[name], head)
                 found[name] = head
         return found
+
+    def _read_checked(self, reads: list[tuple[str, int | None, int | None]]) -> list[bytes]:
+        """Many small reads at once, each of the bytes recorded at open (see :func:`read_checked`)."""
+        try:
+            data, checked = read_checked(self._fs(), [(*read, self.listing()[read[0]]["stamp"]) for read in reads])
+        except ChangedFile as changed:
+            self.check_unchanged([str(changed)])  # names what changed
+            raise DataSourceError(f"{self.description}: {self.url(str(changed))} changed while it was read. Restart "
+                                  "the run once it is stable, or train from a copy that does not change.") from None
+        if not checked:
+            self.check_unchanged(sorted({name for name, _, _ in reads}))
+        return data
 
     def _copy_path(self, name: str) -> Path:
         """Where this node keeps its copy of remote file ``name`` (named by its URL and identity)."""
@@ -257,12 +308,16 @@ class CorpusFiles:
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
         self._fs().get_file(name, str(partial))
-        if partial.stat().st_size != info["size"]:
-            partial.unlink()
-            raise DataSourceError(
-                f"{self.description}: copying {self.url(name)} gave {partial.stat().st_size if partial.exists() else 0} "
-                f"bytes, {info['size']} were listed: the file changed while it was read. Run again once it is stable."
-            )
+        try:
+            self.check_unchanged([name])
+            if partial.stat().st_size != info["size"]:
+                raise DataSourceError(
+                    f"{self.description}: copying {self.url(name)} gave {partial.stat().st_size} bytes, {info['size']} "
+                    "were listed: the file changed while it was copied. Restart the run once it is stable, or train "
+                    "from a copy that does not change (a pinned copy or version).")
+        except DataSourceError:
+            partial.unlink(missing_ok=True)
+            raise
         os.replace(partial, target)
         return str(target)
 

@@ -79,3 +79,28 @@ def test_headers_on_s3_are_read_once_per_node(tmp_path: Path, s3) -> None:
     again = manager.setup(None, tmp_path / "node")  # detection and the reader find the kept headers
     assert [s3.requests.gets(f"llmc/{path.name}") for path in paths] == gets
     assert len(again) == len(first)
+
+
+def test_a_file_replaced_between_open_and_copy_is_named_and_not_kept(tmp_path: Path, s3) -> None:
+    from lightning_tune_data.managers import DataSourceError
+
+    for number in range(10):  # more index files than are checked one by one: checked with one listing
+        write_megatron(tmp_path / "corpus" / f"p{number}", documents(5, seed=number))
+    for path in sorted((tmp_path / "corpus").iterdir()):
+        s3.put(f"corpus/{path.name}", path.read_bytes())
+    files = CorpusFiles(f"{s3.url}/corpus/", s3.storage_options, tmp_path / "node", "source 'web'")
+    names = list(files.listing())
+    bins, indexes = [n for n in names if n.endswith(".bin")], [n for n in names if n.endswith(".idx")]
+    same_size = (tmp_path / "corpus" / "p3.bin").read_bytes()[::-1]
+    s3.put("corpus/p3.bin", same_size)  # replaced after the corpus was opened, before this node copied it
+    with pytest.raises(DataSourceError, match=r"source 'web': s3://.*/corpus/p3\.bin changed since the corpus was "
+                                              r"opened .*Restart the run .*pinned copy"):
+        files.local(bins[3])
+    assert files.local(bins[2]).endswith("p2.bin")  # an unchanged file is copied
+    s3.put("corpus/p7.idx", (tmp_path / "corpus" / "p7.idx").read_bytes() + b"\0")
+    with pytest.raises(DataSourceError, match=r"corpus/p7\.idx changed since the corpus was opened .*now\)"):
+        files.read_many(indexes)
+    with pytest.raises(DataSourceError, match=r"corpus/p7\.idx changed"):
+        files.read_heads({indexes[7]: 4})
+    kept = {path.name for path in (tmp_path / "node" / LOCAL_COPIES_FOLDER).rglob("*") if path.is_file()}
+    assert kept == {"p2.bin"}  # nothing of a changed file, nor of a batch holding one, was kept

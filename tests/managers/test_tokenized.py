@@ -120,23 +120,43 @@ def test_every_readme_example_config_builds_the_manager_it_shows(tmp_path: Path)
     assert sorted(formats) == sorted(["megatron", "datatrove", "dolma", "nanogpt", "llmc", "litdata", "mds", "auto"])
 
 
-@pytest.mark.slow
-def test_under_ddp_every_rank_gets_equal_batches_of_disjoint_documents(tmp_path: Path) -> None:
+def ddp_fit_ranks(tmp_path: Path, steps: int, *remote: str) -> list[dict]:
+    """Both ranks' records of ``tests/scripts/tokenized_ddp_fit.py`` (2 gloo ranks), checked to have
+    run ``steps`` full batches each, of documents no other rank trained on."""
     import json
     import subprocess
     import sys
 
-    write_megatron(tmp_path / "megatron" / "web", documents(200, seed=23, longest=50))
-    write_jsonl(tmp_path / "a.jsonl", make_texts(80, seed=24))
     script = Path(__file__).resolve().parents[1] / "scripts" / "tokenized_ddp_fit.py"
-    result = subprocess.run([sys.executable, str(script), str(tmp_path), str(tmp_path / "run"), "6"],
+    result = subprocess.run([sys.executable, str(script), str(tmp_path), str(tmp_path / "run"), str(steps), *remote],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     ranks = [json.loads((tmp_path / "run" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert [len(rank["batches"]) for rank in ranks] == [6, 6] and all(rank["global_step"] == 6 for rank in ranks)
+    assert [len(rank["batches"]) for rank in ranks] == [steps, steps]
+    assert all(rank["global_step"] == steps for rank in ranks)
     assert all(len(batch) == 4 for rank in ranks for batch in rank["batches"])
     web = [{tuple(tokens) for batch in rank["batches"] for source, tokens in batch if source == "web"} for rank in ranks]
     assert web[0] and web[1] and not web[0] & web[1]
+    assert ranks[0]["batches"] != ranks[1]["batches"]
+    return ranks
+
+
+@pytest.mark.slow
+def test_under_ddp_every_rank_gets_equal_batches_of_disjoint_documents(tmp_path: Path) -> None:
+    write_megatron(tmp_path / "megatron" / "web", documents(200, seed=23, longest=50))
+    write_jsonl(tmp_path / "a.jsonl", make_texts(80, seed=24))
+    assert not any(rank["ranged"] for rank in ddp_fit_ranks(tmp_path, 6))
+
+
+@pytest.mark.slow
+def test_under_ddp_a_corpus_read_by_ranges_gives_every_rank_equal_batches_of_disjoint_documents(
+        tmp_path: Path, s3) -> None:
+    remote_corpus(tmp_path, s3)  # 27 KB of ids on the stand-in; the script's budget share is 8 KB
+    (tmp_path / "text.jsonl").rename(tmp_path / "a.jsonl")
+    ranks = ddp_fit_ranks(tmp_path, 8, f"{s3.url}/corpus/", s3.endpoint)
+    assert all(rank["ranged"] for rank in ranks)
+    assert not list((tmp_path / "cache").rglob("*.bin"))  # nothing of the corpus was copied whole:
+    assert list((tmp_path / "cache").rglob("*.ids"))  # its ranges went through the node's shard cache
 
 
 def test_a_capped_tokenized_source_is_planned_to_stop_at_its_cap(tmp_path: Path) -> None:

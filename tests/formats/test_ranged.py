@@ -118,10 +118,13 @@ def test_shards_to_decode_are_units_of_the_node_cache_within_budget(tmp_path: Pa
             on_disk = bytes_under(tmp_path / "node" / "shard-cache")
             assert corpus.cache.node_usage() <= budget + largest and on_disk <= budget + largest
     theirs = mds_documents(tmp_path / "corpus") if format == "mds" else litdata_documents(tmp_path / "corpus")
-    assert read_all(pickle.loads(pickle.dumps(corpus)), seed=5) == seen  # as a dataloader worker gets it
+    worker_copy = pickle.loads(pickle.dumps(corpus))  # as a dataloader worker gets it
+    assert read_all(worker_copy, seed=5) == seen
     assert sorted(seen) == sorted(doc.tolist() for doc in theirs) == sorted(doc.tolist() for doc in docs)
     if not remote:
         (tmp_path / "corpus" / "shard.00003.mds.zstd").write_bytes(b"changed")  # a file changed under the run
+        for reader in (corpus, worker_copy):  # their prefetch threads end before the node cache is emptied
+            reader.cache.close()
         shutil.rmtree(tmp_path / "node" / "shard-cache")
         with pytest.raises(DataSourceError, match=r"shard\.00003\.mds\.zstd changed while the run read it"):
             read_all(corpus)

@@ -15,6 +15,7 @@ from typing import Any
 import torch.distributed as dist
 
 from lightning_tune_data.distributed import current_rank_and_world_size
+from lightning_tune_data.formats.files import STABLE_COPY_FIX
 from lightning_tune_data.managers.errors import DataSourceError
 
 __all__ = ["check_files_agree", "corpus_identities", "disagreeing_files"]
@@ -53,8 +54,7 @@ def disagreeing_files(source: str, own: list[dict[str, Any]], reference: list[di
     more = f" and {len(changed) - 1} more file(s)" if len(changed) > 1 else ""
     return (f"Source '{source}': {first} changed while the run started (rank 0 opened it as {said(theirs.get(first))}; "
             f"rank {rank} as {said(mine.get(first))}){more}, so the ranks would train on different bytes. Restart "
-            "the run so that every node opens the same files, or train from a copy that does not change (a pinned "
-            "copy or version).")
+            f"the run so that every node opens the same files, or {STABLE_COPY_FIX}.")
 
 
 def check_files_agree(datasets: dict[str, Any]) -> None:

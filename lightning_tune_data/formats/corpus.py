@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from lightning_tune_data.formats.files import stat_identity
 from lightning_tune_data.formats.runs import gather_runs
 from lightning_tune_data.keys import INPUT_IDS, LOSS_MASK
 
@@ -85,8 +86,7 @@ class CorpusFile:
             if "://" in item["url"]:
                 continue  # a remote file is read from the copy made for the identity it had at open
             try:
-                stat = os.stat(item["url"])
-                now = {"size": stat.st_size, "stamp": str(stat.st_mtime_ns)}
+                now = stat_identity(os.stat(item["url"]))
             except OSError:
                 now = None
             if now != {"size": item["size"], "stamp": item["stamp"]}:

@@ -28,7 +28,10 @@ import numpy as np
 from lightning_tune_data.formats.remote_reads import ChangedFile, pooled_options, read_checked
 from lightning_tune_data.managers.errors import DataSourceError
 
-__all__ = ["CorpusFiles", "LOCAL_COPIES_FOLDER", "RemoteTokens", "stamp_of"]
+__all__ = ["CorpusFiles", "LOCAL_COPIES_FOLDER", "RemoteTokens", "STABLE_COPY_FIX", "stamp_of", "stat_identity"]
+
+#: What to do about a corpus file that changes under a run, said by every error that finds one.
+STABLE_COPY_FIX = "train from a copy that does not change (a pinned copy or version)"
 
 #: Folder of this node's copies of remote corpus files, under the local cache folder.
 LOCAL_COPIES_FOLDER = "tokenized"
@@ -44,6 +47,11 @@ def stamp_of(info: dict[str, Any]) -> str:
     return str(stamp).strip('"')
 
 
+def stat_identity(stat: os.stat_result) -> dict[str, Any]:
+    """A local file's size and identity (its modification time in nanoseconds), from its ``stat``."""
+    return {"size": stat.st_size, "stamp": str(stat.st_mtime_ns)}
+
+
 def _is_url(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
@@ -56,7 +64,7 @@ def _walk(folder: str, found: dict[str, dict[str, Any]]) -> None:
                 _walk(entry.path, found)
             elif entry.is_file():
                 stat = entry.stat()
-                found[entry.path] = {"size": stat.st_size, "stamp": str(stat.st_mtime_ns)}
+                found[entry.path] = stat_identity(stat)
 
 
 def _local_listing(path: str) -> dict[str, dict[str, Any]]:
@@ -65,13 +73,11 @@ def _local_listing(path: str) -> dict[str, dict[str, Any]]:
     if any(char in path for char in _GLOB_CHARACTERS):
         for name in glob.glob(path, recursive=True):
             if os.path.isfile(name):
-                stat = os.stat(name)
-                found[os.path.abspath(name)] = {"size": stat.st_size, "stamp": str(stat.st_mtime_ns)}
+                found[os.path.abspath(name)] = stat_identity(os.stat(name))
     elif os.path.isdir(path):
         _walk(os.path.abspath(path), found)
     elif os.path.isfile(path):
-        stat = os.stat(path)
-        found[os.path.abspath(path)] = {"size": stat.st_size, "stamp": str(stat.st_mtime_ns)}
+        found[os.path.abspath(path)] = stat_identity(os.stat(path))
     return found
 
 
@@ -156,19 +162,12 @@ class CorpusFiles:
         """
         if not self.remote or not names:
             return
-        fs = self._fs()
-        now: dict[str, dict[str, Any]] = {}
         if len(names) > _INFO_CHECKS:
+            fs = self._fs()
             fs.invalidate_cache()
             now = self._remote_listing(fs)
         else:
-            for name in names:
-                fs.invalidate_cache(name)
-                try:
-                    info = fs.info(name)
-                except FileNotFoundError:
-                    continue
-                now[name] = {"size": int(info["size"]), "stamp": stamp_of(info)}
+            now = {name: self.identity_now(name) for name in names}
         for name in names:
             then = self.listing()[name]
             if now.get(name) != then:
@@ -178,7 +177,21 @@ class CorpusFiles:
                     f"identity {then['stamp']} then; "
                     f"{'missing' if found is None else str(found['size']) + ' bytes, identity ' + found['stamp']} now), "
                     "so this node's copy would hold other bytes than the run recorded. Restart the run so that every "
-                    "node opens the new file, or train from a copy that does not change (a pinned copy or version).")
+                    f"node opens the new file, or {STABLE_COPY_FIX}.")
+
+    def identity_now(self, name: str) -> dict[str, Any] | None:
+        """File ``name``'s (or its URL's) size and identity asked afresh, as :meth:`listing` records
+        them; ``None`` when it is gone."""
+        path = self.fs_path(name)
+        try:
+            if not self.remote:
+                return stat_identity(os.stat(path))
+            fs = self._fs()
+            fs.invalidate_cache(path)
+            info = fs.info(path)
+        except FileNotFoundError:
+            return None
+        return {"size": int(info["size"]), "stamp": stamp_of(info)}
 
     @property
     def ranged(self) -> bool:
@@ -234,7 +247,7 @@ class CorpusFiles:
         missing = [name for name in names if not self._is_copied(name, copies[name])]
         found = dict(zip(missing, self._read_checked([(name, None, None) for name in missing])))
         for name in missing:
-            self._keep(copies[name], found[name])
+            _keep(copies[name], found[name])
         return {name: found[name] if name in found else _read(copies[name]) for name in names}
 
     def read_heads(self, lengths: dict[str, int]) -> dict[str, bytes]:
@@ -259,7 +272,7 @@ class CorpusFiles:
             ends = [min(lengths[name], self.listing()[name]["size"]) for name in missing]
             heads = self._read_checked([(name, 0, end) for name, end in zip(missing, ends)])
             for name, head in zip(missing, heads):
-                self._keep(kept[name], head)
+                _keep(kept[name], head)
                 found[name] = head
         return found
 
@@ -270,7 +283,7 @@ class CorpusFiles:
         except ChangedFile as changed:
             self.check_unchanged([str(changed)])  # names what changed
             raise DataSourceError(f"{self.description}: {self.url(str(changed))} changed while it was read. Restart "
-                                  "the run once it is stable, or train from a copy that does not change.") from None
+                                  f"the run once it is stable, or {STABLE_COPY_FIX}.") from None
         if not checked:
             self.check_unchanged(sorted({name for name, _, _ in reads}))
         return data
@@ -286,12 +299,6 @@ class CorpusFiles:
             return os.stat(target).st_size == self.listing()[name]["size"]
         except FileNotFoundError:
             return False
-
-    def _keep(self, target: Path, data: bytes) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-        partial.write_bytes(data)
-        os.replace(partial, target)
 
     def local(self, name: str) -> str:
         """A local path of the file's bytes to memory-map: the file itself, or this node's copy
@@ -313,13 +320,21 @@ class CorpusFiles:
             if partial.stat().st_size != info["size"]:
                 raise DataSourceError(
                     f"{self.description}: copying {self.url(name)} gave {partial.stat().st_size} bytes, {info['size']} "
-                    "were listed: the file changed while it was copied. Restart the run once it is stable, or train "
-                    "from a copy that does not change (a pinned copy or version).")
+                    f"were listed: the file changed while it was copied. Restart the run once it is stable, or "
+                    f"{STABLE_COPY_FIX}.")
         except DataSourceError:
             partial.unlink(missing_ok=True)
             raise
         os.replace(partial, target)
         return str(target)
+
+
+def _keep(target: Path, data: bytes) -> None:
+    """Write ``data`` to ``target`` whole or not at all (a partial file renamed into place)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, target)
 
 
 def _read(path: Path) -> bytes:

@@ -47,7 +47,7 @@ from lightning_tune_data.cache.shard_fetch import FetchRetries
 from lightning_tune_data.cache.sizes import human_size
 from lightning_tune_data.cache.store_files import StoreFiles
 from lightning_tune_data.formats.corpus import TokenCorpus
-from lightning_tune_data.formats.files import CorpusFiles, stamp_of
+from lightning_tune_data.formats.files import CorpusFiles
 from lightning_tune_data.keys import INPUT_IDS, LOSS_MASK
 from lightning_tune_data.managers.errors import DataSourceError
 
@@ -90,18 +90,8 @@ class RangeFetcher:
         self.files, self.memory, self.retries = files, memory, retries
 
     def _check_unchanged(self, url: str, size: int, stamp: str) -> None:
-        path = self.files.fs_path(url)
-        try:
-            if self.files.remote:
-                fs = self._fs()
-                fs.invalidate_cache(path)
-                info = fs.info(path)
-                now = (int(info["size"]), stamp_of(info))
-            else:  # a local file: its size and modification time as listed
-                stat = os.stat(path)
-                now = (stat.st_size, str(stat.st_mtime_ns))
-        except FileNotFoundError:
-            now = None
+        found = self.files.identity_now(url)
+        now = None if found is None else (found["size"], found["stamp"])
         if now != (size, stamp):
             raise DataSourceError(
                 f"{self.files.description}: {url} changed while the run read it ({size} bytes, identity {stamp} at open; "

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from lightning_tune_data.keys import INPUT_IDS, LOSS_MASK, OverlongPolicy
+from lightning_tune_data.sources.arrow_columns import is_view_type
 
 __all__ = [
     "NoTargetSummary",
@@ -72,7 +73,7 @@ def document_lengths(dataset: Any, column: str = INPUT_IDS) -> np.ndarray:
         )
     parts = []
     for chunk in table.column(column).chunks:
-        if isinstance(chunk, (pa.ListViewArray, pa.LargeListViewArray)):  # rows apart in the values
+        if is_view_type(chunk.type):  # rows apart in the values
             parts.append(chunk.sizes.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
             continue
         if not isinstance(chunk, (pa.ListArray, pa.LargeListArray)):

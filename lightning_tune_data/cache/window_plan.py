@@ -7,9 +7,11 @@ wrote the store. They are computed from what does not depend on how the store wa
 (its rows and tokens, the run's ``shard_size``, the budget, ``shuffle_window``), except that a
 window must fit the budget on the shards that actually hold it (:func:`window_need`).
 
-Per store the node keeps the window being read and the next one (fetched ahead): the shards
+Per store a reader keeps the window being read and the next one (fetched ahead): the shards
 that hold their ``2·W`` blocks. :func:`window_need` bounds their bytes by the ``2·W`` blocks
 whose shards are largest, so a budget that holds the need never waits on the reader itself.
+The derived window is sized for all of the node's readers of the store (local ranks times
+dataloader workers, :func:`windows_kept`), so that together they fit the budget.
 """
 
 from __future__ import annotations

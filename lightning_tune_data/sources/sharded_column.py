@@ -133,9 +133,9 @@ class WindowReads:
         store.when_room_is_needed(self.drop_released)
 
     def take_released(self) -> set[int]:
-        """The shards let go of since the last call. Their mappings live until the next call (or
-        the next window, or until the node's cache needs room): a packer copies out the documents
-        it holds of them without fetching them again."""
+        """The shards let go of since the last call. Their mappings live until the reader reads
+        on (or until the node's cache needs room): a packer takes them after each read and copies
+        out the documents it holds of them without fetching them again."""
         released, self.released = self.released, set()
         self._taken, self._releasing, self._taking = self._releasing, {}, True
         return released
@@ -162,6 +162,7 @@ class WindowReads:
     def moved_to(self, epoch: int, positions: np.ndarray) -> int:
         """The reader's next positions are ``positions`` (ascending) of pass ``epoch``: act when
         its window changed; returns how many of them lie in the window of the first."""
+        self._taken = {}  # the packer has copied out what it held of them (it takes them after each read)
         order = self._order_of(epoch)
         windows = order.window_of(positions)
         window = int(windows[0])

@@ -88,7 +88,7 @@ def _walk_to_window_2(folder, rows, tmp_path, taking: bool):
     reads.moved_to(0, np.arange(order.window_starts[2], len(rows)))
     kept = set(reads.shards_of_window(order, 2)) | set(reads.shards_of_window(order, 3))
     passed = sorted(set(reads.shards_of_window(order, 0)) - kept)
-    return store, reads, passed
+    return store, reads, passed, order
 
 
 def test_shards_let_go_of_stay_until_a_packer_has_taken_them(local_store, tmp_path):
@@ -98,14 +98,14 @@ def test_shards_let_go_of_stay_until_a_packer_has_taken_them(local_store, tmp_pa
     from lightning_tune_data.cache.node_room import evict
 
     folder, rows = local_store
-    store, reads, passed = _walk_to_window_2(folder, rows, tmp_path / "packer", taking=True)
+    store, reads, passed, order = _walk_to_window_2(folder, rows, tmp_path / "packer", taking=True)
     assert passed and not set(store.pinned()) & set(passed)
     assert not any(evict(store.cache.path(shard)) for shard in passed)  # still mapped
     assert reads.take_released() == set(passed)
     assert not any(evict(store.cache.path(shard)) for shard in passed)  # the packer copies them out now
-    reads.take_released()
+    reads.moved_to(0, np.arange(order.window_starts[2], len(rows)))  # the reader reads on
     assert all(evict(store.cache.path(shard)) for shard in passed)  # then they go
-    store, reads, passed = _walk_to_window_2(folder, rows, tmp_path / "room", taking=True)
+    store, reads, passed, _ = _walk_to_window_2(folder, rows, tmp_path / "room", taking=True)
     reads.drop_released()  # the node's cache needs room
     assert all(evict(store.cache.path(shard)) for shard in passed)
 
@@ -114,5 +114,5 @@ def test_a_reader_that_does_not_take_what_it_let_go_of_keeps_nothing(local_store
     from lightning_tune_data.cache.node_room import evict
 
     folder, rows = local_store
-    store, _, passed = _walk_to_window_2(folder, rows, tmp_path, taking=False)
+    store, _, passed, _ = _walk_to_window_2(folder, rows, tmp_path, taking=False)
     assert passed and all(evict(store.cache.path(shard)) for shard in passed)

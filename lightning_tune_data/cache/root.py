@@ -95,6 +95,8 @@ class StoreRoot:
             being copied whole. ``None``: train stores are copied whole.
         budget_sharers: How many train stores share ``cache_budget`` (each store's shuffle
             window is sized to its share).
+        node_readers: How many processes of this node read each train store (local ranks
+            times dataloader workers): windows are sized so that all of them fit the budget.
         shuffle_window: Rows a budgeted store's shuffle mixes at a time (``None``: derived
             from the budget when a run starts; a resume takes the checkpoint's).
         build_stores: Whether ``prepare_data`` builds a missing store (:data:`BuildStores`).
@@ -107,6 +109,7 @@ class StoreRoot:
     cache_budget: int | None = None
     shuffle_window: int | None = None
     budget_sharers: int = 1
+    node_readers: int = 1
     build_stores: BuildStores = "auto"
 
     def __post_init__(self) -> None:
@@ -156,7 +159,8 @@ class StoreRoot:
             return self
         moved = StoreRoot(os.fspath(url), self.storage_options, shard_bytes=self.shard_bytes,
                           cache_budget=self.cache_budget, shuffle_window=self.shuffle_window,
-                          budget_sharers=self.budget_sharers, build_stores=self.build_stores)
+                          budget_sharers=self.budget_sharers, node_readers=self.node_readers,
+                          build_stores=self.build_stores)
         if moved.is_remote and self.is_remote:
             return replace(moved, local_dir=self.local_dir)
         return moved
@@ -164,6 +168,10 @@ class StoreRoot:
     def shared_by(self, stores: int) -> StoreRoot:
         """This root with its ``cache_budget`` shared by ``stores`` train stores."""
         return replace(self, budget_sharers=max(1, int(stores)))
+
+    def read_by(self, readers: int) -> StoreRoot:
+        """This root with its train stores read by ``readers`` processes of this node."""
+        return replace(self, node_readers=max(1, int(readers)))
 
     @property
     def budget_share(self) -> int | None:

@@ -7,9 +7,11 @@ wrote the store. They are computed from what does not depend on how the store wa
 (its rows and tokens, the run's ``shard_size``, the budget, ``shuffle_window``), except that a
 window must fit the budget on the shards that actually hold it (:func:`window_need`).
 
-Per store the node keeps the window being read and the next one (fetched ahead): the shards
+Per store a reader keeps the window being read and the next one (fetched ahead): the shards
 that hold their ``2·W`` blocks. :func:`window_need` bounds their bytes by the ``2·W`` blocks
 whose shards are largest, so a budget that holds the need never waits on the reader itself.
+The derived window is sized for all of the node's readers of the store (local ranks times
+dataloader workers, :func:`windows_kept`), so that together they fit the budget.
 """
 
 from __future__ import annotations
@@ -22,18 +24,28 @@ from lightning_tune_data.cache.sizes import human_size
 from lightning_tune_data.keys import ORDER_BLOCK as _BLOCK
 from lightning_tune_data.keys import ORDER_WINDOW as _WINDOW
 
-__all__ = ["SHARDS_PER_BLOCK", "WINDOWS_KEPT", "WINDOWS_PER_BUDGET", "block_spans", "check_window", "pass_downloads", "plan_window",
-           "window_need"]
+__all__ = ["SHARDS_PER_BLOCK", "EDGE_SHARDS", "WINDOWS_KEPT", "WINDOWS_PER_BUDGET", "block_spans", "check_window", "pass_downloads", "plan_window",
+           "window_need", "windows_kept"]
 
-#: A window holds this share of the budget by default (an eighth): the window being read and the
-#: next one (fetched ahead) take a quarter, the shards cut by their blocks' edges up to as much
-#: again, and readers of the node a window or two apart the rest.
+#: Without room for blocks of :data:`SHARDS_PER_BLOCK` shards, a window holds this share of the
+#: budget (an eighth; one block of consecutive rows).
 WINDOWS_PER_BUDGET = 8
 #: Windows a reader keeps at once: the one being read and the next (fetched ahead).
 WINDOWS_KEPT = 2
-#: A block holds about this many ``shard_size`` of rows: a block's two edges cut at most two
-#: shards, so a pass downloads at most about 1.5 times the store.
-SHARDS_PER_BLOCK = 4
+#: A block holds about this many ``shard_size`` of rows: small blocks let a window mix rows from
+#: many places of the store, and each block's edges cut a shard that a pass may fetch twice.
+SHARDS_PER_BLOCK = 2
+#: ``shard_size`` a window counts per block for the shards its two edges cut (parts of two
+#: shards, which come out up to about 1.5 ``shard_size``: they close past the size).
+EDGE_SHARDS = 2.0
+
+
+def windows_kept(readers: int) -> int:
+    """Windows whose shards the node holds at once for ``readers`` readers of a store (ranks
+    times dataloader workers): a reader keeps :data:`WINDOWS_KEPT`; several readers walk one pass
+    together (each a stride of it), so while some have entered the next window others finish the
+    last one: one window more."""
+    return WINDOWS_KEPT + (1 if readers > 1 else 0)
 
 
 def block_spans(shard_starts: np.ndarray, shard_sizes: np.ndarray, block_rows: int) -> np.ndarray:
@@ -76,14 +88,15 @@ def _row_bytes(rows: int, tokens: int, size: int) -> float:
 
 
 def plan_window(shard_rows: list[int], shard_sizes: list[int], tokens: int, share: int, configured: int | None,
-                shard_bytes: int, description: str, sharers: int = 1) -> dict[str, int]:
+                shard_bytes: int, description: str, sharers: int = 1, readers: int = 1) -> dict[str, int]:
     """The blocks and windows of a store read through ``share`` bytes of the node cache.
 
-    Blocks hold about :data:`SHARDS_PER_BLOCK` ``shard_bytes`` of rows (a window of one block of
-    consecutive rows when the window is smaller).
-    Without ``configured``, a window holds about an eighth of ``share`` (:data:`WINDOWS_PER_BUDGET`),
-    and fewer blocks when the shards holding them would not fit (never blocks smaller than that:
-    a window of a few rows would fetch a shard for every few rows).
+    Blocks hold about :data:`SHARDS_PER_BLOCK` ``shard_bytes`` of rows. Without ``configured``,
+    a window holds as many blocks as the share holds for the node's ``readers``: the
+    :func:`windows_kept` windows they hold at once, each block counted with the shards its edges
+    cut (sized from ``shard_bytes``, so the plan does not depend on how the store was cut); fewer when the shards that really hold the blocks would
+    not fit. A share too small for one such window gets one block of consecutive rows of an
+    eighth of it (:data:`WINDOWS_PER_BUDGET`).
 
     Args:
         shard_rows, shard_sizes: every shard's rows and bytes, in row order.
@@ -93,6 +106,7 @@ def plan_window(shard_rows: list[int], shard_sizes: list[int], tokens: int, shar
         shard_bytes: the run's ``shard_size``.
         description: names the source in errors.
         sharers: train stores sharing the node's ``cache_budget`` (for messages).
+        readers: processes of the node reading the store (local ranks times dataloader workers).
 
     Raises:
         ValueError: the budget cannot hold the window (a configured one, or one block).
@@ -107,12 +121,17 @@ def plan_window(shard_rows: list[int], shard_sizes: list[int], tokens: int, shar
         order = {_BLOCK: block, _WINDOW: max(1, round(configured / block))}
         check_window(shard_rows, shard_sizes, share, order, description, sharers, "or lower shuffle_window")
         return order
-    window_rows = max(1, int(share / WINDOWS_PER_BUDGET / row_bytes))
-    block = min(block, window_rows)
+    readers = max(1, int(readers))
+    kept = windows_kept(readers)
+    edges = EDGE_SHARDS * shard_bytes  # the shards a block's edges cut
+    windows = int(share // (kept * (block * row_bytes + edges)))
+    if windows < 1:  # no room for blocks of shards: one block of consecutive rows
+        windows, block = 1, min(block, max(1, int(share / WINDOWS_PER_BUDGET / row_bytes)))
+    windows = min(windows, -(-rows // block))
     starts = np.concatenate([[0], np.cumsum(shard_rows)]).astype(np.int64)
     spans = np.cumsum(np.sort(block_spans(starts, np.asarray(shard_sizes, dtype=np.int64), block))[::-1])
-    fitting = int(np.searchsorted(spans, share, side="right")) // WINDOWS_KEPT  # windows whose 2W blocks fit
-    order = {_BLOCK: block, _WINDOW: max(1, min(window_rows // block, fitting))}
+    fitting = int(np.searchsorted(spans, share, side="right")) // kept  # windows whose blocks fit
+    order = {_BLOCK: block, _WINDOW: max(1, min(windows, fitting))}
     check_window(shard_rows, shard_sizes, share, order, description, sharers,
                  "or prepare the store with a smaller shard_size")
     return order

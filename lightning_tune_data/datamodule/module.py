@@ -38,6 +38,7 @@ from lightning_tune_data.datamodule.manager_data import (
     close_datasets, loaded_dataset, prepare_datasets, set_up_datasets,
 )
 from lightning_tune_data.datamodule.splits import SPLITS, dataloader_name, dataloader_names, tell_managers_their_names
+from lightning_tune_data.datamodule.node_readers import node_root
 from lightning_tune_data.datamodule.stage_checks import check_stage, check_train_documents, trainer_is_evaluating
 from lightning_tune_data.datamodule.train_mixture import TrainMixture
 from lightning_tune_data.datamodule.train_stream import TrainStreamConfig, normalised_weights
@@ -234,7 +235,7 @@ class TextDataModule(TrainBatchHooks, LightningDataModule):
             stage: the Lightning stage about to run (``fit``, ``validate``, ``test``, ``predict``) or ``None``.
         """
         check_stage(self.dataset_managers, stage, getattr(self, "trainer", None), infinite_stream=self.stopping_strategy == "infinite" and self.train_mode == "stream")
-        set_up_datasets(self._datasets, self.dataset_managers, stage, self.tokenizer, self.store_root)
+        set_up_datasets(self._datasets, self.dataset_managers, stage, self.tokenizer, node_root(self, self.store_root))
         if self._datasets["train"] and not self._overlong_checked:  # one pass over the cached columns, once
             self._overlong_checked = check_train_documents(self._datasets["train"], self._managers("train"),
                                                            self.max_seq_len, self.overlong, self.packing)

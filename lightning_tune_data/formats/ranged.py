@@ -169,10 +169,12 @@ class RangedCorpus(CachedStore):
         window: ``shuffle_window``, documents a shuffle window mixes (``None``: derived from the share).
         sharers: train sources sharing the budget (for messages).
         range_bytes: bytes of ids per range.
+        readers: processes of the node reading the corpus (local ranks times dataloader workers).
     """
 
     def __init__(self, corpus: TokenCorpus, files: CorpusFiles, folder: Path, budget: int, share: int,
-                 window: int | None = None, sharers: int = 1, range_bytes: int = RANGE_BYTES) -> None:
+                 window: int | None = None, sharers: int = 1, range_bytes: int = RANGE_BYTES,
+                 readers: int = 1) -> None:
         self.corpus = corpus
         self.description = files.description
         self.location = corpus.location
@@ -194,7 +196,8 @@ class RangedCorpus(CachedStore):
                 f"{human_size(2 * largest * max(1, sharers))}.")
         self.sharers = int(sharers)
         self.order = plan_window(self.shard_rows.tolist(), [max(1, entry["size"]) for entry in self.shards],
-                                 corpus.num_tokens, self.share, window, int(range_bytes), self.description, self.sharers)
+                                 corpus.num_tokens, self.share, window, int(range_bytes), self.description, self.sharers,
+                                 readers)
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", files.path.rstrip("/").rsplit("/", 1)[-1]).strip("-.") or "corpus"
         if files.remote:
             protocol, rest = files.path.split("://", 1)
@@ -310,7 +313,8 @@ def ranged_corpus(corpus: TokenCorpus, files: CorpusFiles, root: StoreRoot) -> R
     """
     try:
         ranged = RangedCorpus(corpus, files, root.local_dir / NODE_CACHE_FOLDER, int(root.cache_budget),
-                              int(root.budget_share), root.shuffle_window, root.budget_sharers, RANGE_BYTES)
+                              int(root.budget_share), root.shuffle_window, root.budget_sharers, RANGE_BYTES,
+                              root.node_readers)
         check_shard_cache_disk(ranged.cache.node_folder, ranged.budget, ranged.cache.node_usage(), files.description)
     except ValueError as error:
         raise CacheBudgetError(str(error)) from None

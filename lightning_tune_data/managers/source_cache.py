@@ -196,7 +196,7 @@ class SourceCache:
         rows = [int(shard["rows"]) for shard in content["store"]["shards"]]
         try:
             order = plan_window(rows, sizes, int(content["store"].get("tokens") or 0), share, self.root.shuffle_window,
-                                self.root.shard_bytes, self.description, self.root.budget_sharers)
+                                self.root.shard_bytes, self.description, self.root.budget_sharers, self.root.node_readers)
             store = CachedStore(files, content, self.root.local_dir / NODE_CACHE_FOLDER, budget, order,
                                 self.description, share=share, sharers=self.root.budget_sharers)
             check_shard_cache_disk(store.cache.node_folder, budget, store.cache.node_usage(), self.description)

@@ -151,14 +151,16 @@ def detach_pieces(packs: Iterable[Any], source: str, shards: set[int], flat: Any
     Returns:
         How many pieces were copied.
     """
-    copied = 0
+    found = []
     for pack in packs:
         tokens = pack.tokens
         for index, (ref, entry) in enumerate(zip(pack.refs, tokens)):
             if type(entry) is int and ref[SOURCE_AT] == source and entry >> SHARD_BITS in shards:
-                tokens[index] = np.array(flat[entry : entry + ref[LENGTH_AT]])
-                copied += 1
-    return copied
+                found.append((entry, index, tokens, ref[LENGTH_AT]))
+    found.sort(key=lambda piece: piece[0])  # shard by shard: each shard is opened once
+    for entry, index, tokens, length in found:
+        tokens[index] = np.array(flat[entry : entry + length])
+    return len(found)
 
 
 def document_labels(input_ids: np.ndarray, loss_mask: np.ndarray | None) -> np.ndarray:

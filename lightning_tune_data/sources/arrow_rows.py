@@ -134,10 +134,7 @@ class ArrowRows(OrderHolder):
     def take_released(self) -> set[int]:
         """The shards a windowed store's reader let go of since the last call (empty otherwise)."""
         reads = self._window_reads
-        if reads is None or not reads.released:
-            return set()
-        released, reads.released = reads.released, set()
-        return released
+        return set() if reads is None else reads.take_released()
 
     def _permutation(self, epoch: int) -> KeyedPermutation | WindowedPermutation:
         """The order of pass ``epoch`` (the latest two passes' are kept)."""

@@ -74,3 +74,45 @@ def test_entering_a_window_keeps_this_and_the_next_windows_shards_and_lets_go_of
     later = [shard for shard in passed
              if not any(shard in reads.shards_of_window(order, w) for w in range(2, order.num_windows))]
     assert all(distance(shard) > 1 for shard in later)  # a shard passed for good is needed next pass
+
+
+def _walk_to_window_2(folder, rows, tmp_path, taking: bool):
+    store = cached(folder, tmp_path, window=2, block_rows=8)
+    column = ShardedColumn(store, "input_ids", "docs")
+    order = WindowedPermutation(len(rows), 8, 2, key=1)
+    reads = WindowReads(store, lambda epoch: order, [column])
+    if taking:
+        reads.take_released()  # a packer takes what was let go of (nothing yet)
+    reads.moved_to(0, np.arange(len(rows)))
+    column.rows(order(np.arange(order.window_starts[0], order.window_starts[1])))
+    reads.moved_to(0, np.arange(order.window_starts[2], len(rows)))
+    kept = set(reads.shards_of_window(order, 2)) | set(reads.shards_of_window(order, 3))
+    passed = sorted(set(reads.shards_of_window(order, 0)) - kept)
+    return store, reads, passed, order
+
+
+def test_shards_let_go_of_stay_until_a_packer_has_taken_them(local_store, tmp_path):
+    """A packer copies out the documents it holds of shards let go of after the reader moved on:
+    until it has, they must stay on the node (else it fetches each again, a pass downloading the
+    store several times over)."""
+    from lightning_tune_data.cache.node_room import evict
+
+    folder, rows = local_store
+    store, reads, passed, order = _walk_to_window_2(folder, rows, tmp_path / "packer", taking=True)
+    assert passed and not set(store.pinned()) & set(passed)
+    assert not any(evict(store.cache.path(shard)) for shard in passed)  # still mapped
+    assert reads.take_released() == set(passed)
+    assert not any(evict(store.cache.path(shard)) for shard in passed)  # the packer copies them out now
+    reads.moved_to(0, np.arange(order.window_starts[2], len(rows)))  # the reader reads on
+    assert all(evict(store.cache.path(shard)) for shard in passed)  # then they go
+    store, reads, passed, _ = _walk_to_window_2(folder, rows, tmp_path / "room", taking=True)
+    reads.drop_released()  # the node's cache needs room
+    assert all(evict(store.cache.path(shard)) for shard in passed)
+
+
+def test_a_reader_that_does_not_take_what_it_let_go_of_keeps_nothing(local_store, tmp_path):
+    from lightning_tune_data.cache.node_room import evict
+
+    folder, rows = local_store
+    store, _, passed, _ = _walk_to_window_2(folder, rows, tmp_path, taking=False)
+    assert passed and all(evict(store.cache.path(shard)) for shard in passed)

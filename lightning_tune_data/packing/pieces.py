@@ -136,14 +136,16 @@ def token_arrays(refs: list[Reference], tokens: list[PieceTokens], stores: Mappi
     return arrays
 
 
-def detach_pieces(packs: Iterable[Any], source: str, shards: set[int], flat: Any) -> int:
+def detach_pieces(holders: Iterable[tuple[Sequence[tuple], list[Any]]], source: str, shards: set[int], flat: Any) -> int:
     """Replace the positions of ``source``'s pieces in ``shards`` with copies of their tokens.
 
     A source read shard by shard addresses a document as ``shard << SHARD_BITS | position``; once
-    it lets go of a shard, the pieces packs still hold of it become their own arrays.
+    it lets go of a shard, the pieces still held of it (in open packs, or in a block read across
+    windows and not yet placed) become their own arrays.
 
     Args:
-        packs: the held packs (their token lists are changed in place).
+        holders: ``(references, tokens)`` of each holder: a pack's ``refs`` and ``tokens``, a
+            block's ``references()`` and ``tokens`` (the token lists are changed in place).
         source: the source's name.
         shards: the shards let go of.
         flat: the source's ``flat_tokens()`` (slices are arrays).
@@ -152,9 +154,8 @@ def detach_pieces(packs: Iterable[Any], source: str, shards: set[int], flat: Any
         How many pieces were copied.
     """
     found = []
-    for pack in packs:
-        tokens = pack.tokens
-        for index, (ref, entry) in enumerate(zip(pack.refs, tokens)):
+    for refs, tokens in holders:
+        for index, (ref, entry) in enumerate(zip(refs, tokens)):
             if type(entry) is int and ref[SOURCE_AT] == source and entry >> SHARD_BITS in shards:
                 found.append((entry, index, tokens, ref[LENGTH_AT]))
     found.sort(key=lambda piece: piece[0])  # shard by shard: each shard is opened once

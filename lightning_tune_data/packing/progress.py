@@ -61,19 +61,28 @@ class PackingProgress:
         if block is None:
             return False
         self.placer.stores.update(block.stores)
-        self._detach_released()
-        self.queue = DocumentQueue(block.references(), block.tokens, block=block)
+        references = block.references()
+        self._detach_released(references, block.tokens)
+        self.queue = DocumentQueue(references, block.tokens, block=block)
         self.block_start = BlockStart(self.queue, *self.placer.held_packs(), self.counters["packs"])
         return True
 
-    def _detach_released(self) -> None:
-        """Copy out the held pieces of shards a source read shard by shard has let go of (the
-        cache may evict them; a copy of a document costs less than fetching its shard again)."""
+    def _detach_released(self, references: list[tuple], tokens: list[Any]) -> None:
+        """Copy out the pieces of shards a source read shard by shard has let go of: those the
+        open packs hold, and those of the block just read (a read of many documents walks several
+        windows). The node's cache may then evict those shards, and no reader holds them between
+        batches (a copy of a document costs less than fetching its shard again).
+
+        Args:
+            references, tokens: the block just read's piece references and tokens.
+        """
+        holders = [(pack.refs, pack.tokens) for pack in self.placer.held_packs()[0]] + [(references, tokens)]
         for name, store in self.placer.stores.items():
             released = getattr(store, "released_shards", None)
             shards = released() if released is not None else None
             if shards:
-                detach_pieces(self.placer.held_packs()[0], name, shards, store.flat_tokens())
+                detach_pieces(holders, name, shards, store.flat_tokens())
+                store.copied_out()
 
     def end_child(self) -> None:
         """The child ended: every open pack that holds tokens is finished."""

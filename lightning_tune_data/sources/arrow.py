@@ -279,6 +279,11 @@ class ArrowSource(TuneIterableDataset):
         call: a packer copies out the pieces it holds of them (empty for other stores)."""
         return self._rows.take_released()
 
+    def copied_out(self) -> None:
+        """The packer copied out its held pieces of :meth:`released_shards`: the mappings of
+        shards this reader does not read now go, so they do not hold the node's cache."""
+        self._rows.copied_out()
+
     def state_after_block(self, block: DocumentBlock, documents: int) -> dict[str, Any]:
         """This source's state right after the first ``documents`` documents of ``block``.
 

@@ -136,6 +136,12 @@ class ArrowRows(OrderHolder):
         reads = self._window_reads
         return set() if reads is None else reads.take_released()
 
+    def copied_out(self) -> None:
+        """The reader copied out what it held of the shards :meth:`take_released` gave: their
+        mappings go (no-op for other stores)."""
+        if self._window_reads is not None:
+            self._window_reads.copied_out()
+
     def _permutation(self, epoch: int) -> KeyedPermutation | WindowedPermutation:
         """The order of pass ``epoch`` (the latest two passes' are kept)."""
         permutation = self._permutations.get(epoch)

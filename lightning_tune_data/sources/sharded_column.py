@@ -125,24 +125,32 @@ class WindowReads:
         # pass -> (windows of the pass, each shard's windows in it, sorted); replaced, never changed
         self._shard_windows: dict[int, tuple[int, list[np.ndarray]]] = {}
         self.released: set[int] = set()  # shards let go of since the reader last asked
-        # the tables of shards let go of, kept mapped (so not evicted) until the reader has taken
-        # them and copied out what it still holds of them: the released ones, and those taken last
+        # the tables of shards let go of since the reader last copied out what it holds of them,
+        # kept mapped (so not evicted) until it has: see take_released
         self._releasing: dict[int, Any] = {}
-        self._taken: dict[int, Any] = {}
         self._taking = False  # whether a reader takes them (a packer): else nothing is kept
         store.when_room_is_needed(self.drop_released)
 
     def take_released(self) -> set[int]:
-        """The shards let go of since the last call. Their mappings live until the reader reads
-        on (or until the node's cache needs room): a packer takes them after each read and copies
-        out the documents it holds of them without fetching them again."""
+        """The shards let go of since the last call. A packer takes them after each read and
+        copies out the documents it holds of them; their mappings live until it says it has
+        (:meth:`copied_out`, or the node's cache needs room), so nothing is fetched again."""
         released, self.released = self.released, set()
-        self._taken, self._releasing, self._taking = self._releasing, {}, True
+        self._taking = True
         return released
 
     def drop_released(self) -> None:
         """Let go of the mappings kept for shards let go of (the node's cache needs room)."""
-        self._releasing, self._taken = {}, {}
+        self._releasing = {}
+
+    def copied_out(self) -> None:
+        """The reader has copied out what it held of the shards it took (:meth:`take_released`):
+        every mapping of a shard it does not read now goes at once. An idle reader (a dataloader
+        worker waiting for its turn) must hold no shard the node's other readers need room for."""
+        self._releasing = {}
+        pinned = set(self._store.pinned())
+        for column in self._columns:
+            column.keep_only(pinned)
 
     def forget_position(self) -> None:
         """The order changed (a checkpoint's was adopted): act again on the next read."""
@@ -162,7 +170,6 @@ class WindowReads:
     def moved_to(self, epoch: int, positions: np.ndarray) -> int:
         """The reader's next positions are ``positions`` (ascending) of pass ``epoch``: act when
         its window changed; returns how many of them lie in the window of the first."""
-        self._taken = {}  # the packer has copied out what it held of them (it takes them after each read)
         order = self._order_of(epoch)
         windows = order.window_of(positions)
         window = int(windows[0])
@@ -213,7 +220,6 @@ class WindowReads:
             upcoming.append(self.shards_of_window(following, 0))
         keep = set(upcoming[0]) | set(upcoming[1])
         cache = self._store.cache
-        self._taken, self._releasing = {}, {}
         for shard in self._store.pinned():
             if shard not in keep:
                 if self._taking:

@@ -110,6 +110,6 @@ def test_detach_pieces_copies_out_only_the_named_sources_pieces_in_the_let_go_sh
     for shard, position in tokens_of.items():
         pack.add(("web", shard, 0, 0, 3, True, 0, 0), position)
     pack.add(("code", 9, 0, 0, 3, True, 0, 0), 1 << SHARD_BITS)  # another source's position stays
-    assert detach_pieces([pack], "web", {1, 2}, Slices()) == 2
+    assert detach_pieces([(pack.refs, pack.tokens)], "web", {1, 2}, Slices()) == 2
     assert pack.tokens[0] == 5 and pack.tokens[3] == 1 << SHARD_BITS
     assert pack.tokens[1].tolist() == [17, 18, 19] and pack.tokens[2].tolist() == [29, 30, 31]

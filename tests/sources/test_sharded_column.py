@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from local_stores import cached, committed_store
 
+from lightning_tune_data.keys import SHARD_BITS
 from lightning_tune_data.sources.sharded_column import ShardedColumn, WindowReads
 from lightning_tune_data.sources.windowed_order import WindowedPermutation
 
@@ -91,10 +92,11 @@ def _walk_to_window_2(folder, rows, tmp_path, taking: bool):
     return store, reads, passed, order
 
 
-def test_shards_let_go_of_stay_until_a_packer_has_taken_them(local_store, tmp_path):
+def test_shards_let_go_of_stay_until_a_packer_has_copied_out_what_it_holds_of_them(local_store, tmp_path):
     """A packer copies out the documents it holds of shards let go of after the reader moved on:
     until it has, they must stay on the node (else it fetches each again, a pass downloading the
-    store several times over)."""
+    store several times over); once it has, nothing of them may stay (an idle reader would hold
+    room the node's other readers wait for)."""
     from lightning_tune_data.cache.node_room import evict
 
     folder, rows = local_store
@@ -103,8 +105,10 @@ def test_shards_let_go_of_stay_until_a_packer_has_taken_them(local_store, tmp_pa
     assert not any(evict(store.cache.path(shard)) for shard in passed)  # still mapped
     assert reads.take_released() == set(passed)
     assert not any(evict(store.cache.path(shard)) for shard in passed)  # the packer copies them out now
-    reads.moved_to(0, np.arange(order.window_starts[2], len(rows)))  # the reader reads on
-    assert all(evict(store.cache.path(shard)) for shard in passed)  # then they go
+    column = reads._columns[0]
+    column.flat().values[int(passed[0]) << SHARD_BITS : (int(passed[0]) << SHARD_BITS) + 1]  # a copy's read
+    reads.copied_out()
+    assert all(evict(store.cache.path(shard)) for shard in passed)  # then they go, views included
     store, reads, passed, _ = _walk_to_window_2(folder, rows, tmp_path / "room", taking=True)
     reads.drop_released()  # the node's cache needs room
     assert all(evict(store.cache.path(shard)) for shard in passed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -24,8 +25,8 @@ from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_tune_data import LocalDatasetManager, TextDataModule
-from lightning_tune_data.cache.cached_store import CachedStore
-from lightning_tune_data.cache.owners import claimed
+from lightning_tune_data.cache.cached_store import _STORES, CachedStore
+from lightning_tune_data.cache.owners import claimed, lock_holders
 from lightning_tune_data.cache.window_plan import window_need
 from lightning_tune_data.models import TinyCausalLM
 from lightning_tune_data.sources.arrow import ArrowSource
@@ -337,6 +338,27 @@ def test_evicting_refetching_and_copying_out_held_documents_never_changes_a_batc
         dm.teardown("fit")  # the end of a trial in a sweep, or of a notebook's run
     assert not set(prefetch_threads()) - before
     assert all(dm.dataset("train", name).pinned() == [] for dm in (roomy, tight) for name in ROWS)
+
+
+@pytest.mark.timeout(300)
+def test_between_batches_a_packer_holds_no_shard_outside_the_windows_it_reads(corpus, s3, tmp_path):
+    """A dataloader worker waiting for its turn must hold only its windows' shards: the node's
+    other readers are promised the rest of the budget, and wait for it otherwise."""
+    sizes = write_store(corpus, s3, tmp_path)
+    dm = set_up(datamodule(corpus, s3, tmp_path / "node", cache_budget=max(sizes.values()) // 4, packing="best_fit",
+                           batch_size=16))
+    stores = {name: dm.dataset("train", name) for name in ROWS}
+    ever_pinned: dict[str, set[int]] = {name: set() for name in ROWS}
+    most_pinned = dict.fromkeys(ROWS, 0)
+    for _ in itertools.islice(dm.train_dataloader(), 200):  # a packer reads 2,048 documents at a time
+        for name, store in stores.items():
+            pinned = set().union(*(reader.pinned() for reader in list(_STORES) if reader.cache.folder == store.cache.folder))
+            ever_pinned[name] |= pinned
+            most_pinned[name] = max(most_pinned[name], len(pinned))
+            held = {shard for shard in range(store.num_shards) if store.cache.path(shard).exists()
+                    and os.getpid() in lock_holders(store.cache.path(shard))}
+            assert held <= pinned, f"source {name}: shards {sorted(held - pinned)} held outside the windows read"
+    assert all(len(ever_pinned[name]) > most_pinned[name] for name in ROWS), (ever_pinned, most_pinned)  # moved on
 
 
 # -- watching the cache -------------------------------------------------------------------------------

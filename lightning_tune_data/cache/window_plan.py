@@ -24,8 +24,8 @@ from lightning_tune_data.cache.sizes import human_size
 from lightning_tune_data.keys import ORDER_BLOCK as _BLOCK
 from lightning_tune_data.keys import ORDER_WINDOW as _WINDOW
 
-__all__ = ["SHARDS_PER_BLOCK", "EDGE_SHARDS", "WINDOWS_KEPT", "WINDOWS_PER_BUDGET", "block_spans", "check_window", "pass_downloads", "plan_window",
-           "window_need", "windows_kept"]
+__all__ = ["EDGE_SHARDS", "SHARDS_PER_BLOCK", "WINDOWS_KEPT", "WINDOWS_PER_BUDGET", "block_spans", "check_window",
+           "pass_downloads", "plan_window", "window_need", "windows_kept"]
 
 #: Without room for blocks of :data:`SHARDS_PER_BLOCK` shards, a window holds this share of the
 #: budget (an eighth; one block of consecutive rows).
@@ -94,9 +94,9 @@ def plan_window(shard_rows: list[int], shard_sizes: list[int], tokens: int, shar
     Blocks hold about :data:`SHARDS_PER_BLOCK` ``shard_bytes`` of rows. Without ``configured``,
     a window holds as many blocks as the share holds for the node's ``readers``: the
     :func:`windows_kept` windows they hold at once, each block counted with the shards its edges
-    cut (sized from ``shard_bytes``, so the plan does not depend on how the store was cut); fewer when the shards that really hold the blocks would
-    not fit. A share too small for one such window gets one block of consecutive rows of an
-    eighth of it (:data:`WINDOWS_PER_BUDGET`).
+    cut (sized from ``shard_bytes``, so the plan does not depend on how the store was cut); fewer
+    when the shards that really hold the blocks would not fit. A share too small for one such
+    window gets one block of consecutive rows of an eighth of it (:data:`WINDOWS_PER_BUDGET`).
 
     Args:
         shard_rows, shard_sizes: every shard's rows and bytes, in row order.
@@ -162,6 +162,7 @@ def check_window(shard_rows: list[int], shard_sizes: list[int], share: int, orde
     rows = int(order[_BLOCK]) * int(order[_WINDOW])
     raise ValueError(
         f"{description}: cache_budget {size(share * sharers)} cannot hold a shuffle window of {rows:,} rows "
-        f"({order[_WINDOW]} block{'s' if order[_WINDOW] != 1 else ''} of {order[_BLOCK]:,} rows) and the next window fetched ahead: their shards take up "
+        f"({order[_WINDOW]} block{'s' if order[_WINDOW] != 1 else ''} of {order[_BLOCK]:,} rows) and the next window "
+        "fetched ahead: their shards take up "
         f"to {size(need)}{shared}. Raise cache_budget to at least {size(need * sharers)}, {fix}."
     )

@@ -68,3 +68,15 @@ def test_resumed_progress_bar_counts_steps_of_max_steps_and_its_rate_only_this_r
 
     assert [(completed, total) for completed, total, _ in bar.shown] == [(5, 7), (6, 7), (7, 7)]
     assert all(counted <= 3 for _, _, counted in bar.shown), "the 4 restored steps must not count in the rate"
+
+
+def test_the_step_bar_needs_no_extra_the_quickstart_install_has_rich():
+    """The quickstart installs the package without extras; the bar that reads ``train 300/300``
+    is a ``RichProgressBar``, so ``rich`` must be a dependency of the package itself (without it
+    the CLI falls back to Lightning's ``Epoch 0`` bar)."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    assert any(re.match(r"rich\s*>=", requirement) for requirement in project["dependencies"])

@@ -38,8 +38,9 @@ class CachedStore:
 
     What a process maps is decided here, in one place (:meth:`_let_go`): a shard a reader reads
     is *pinned* (mapped and kept until :meth:`close_shard`); any other shard's mapping is let go
-    of as soon as it is not pinned, and lives on only while views handed out of it do (a packer
-    copies out the documents it holds of the shards a reader let go of). A mapping holds the
+    of as soon as it is not pinned, and lives on only while views handed out of it do, or until
+    :meth:`let_go_kept` for a shard closed with ``keep_mapped`` (a packer first copies out the
+    documents it holds of the shards a reader let go of, from the same mapping). A mapping holds the
     shard's lock, so the node never deletes a file a process still maps: what the disk holds is
     what the cache counts, and an idle process holds no more than the shards it reads.
 
@@ -76,6 +77,7 @@ class CachedStore:
         # this process's mappings: shard -> (table, readers of its columns)
         self._mapped: dict[int, tuple[pa.Table, dict[str, Any]]] = {}
         self._pinned: set[int] = set()
+        self._kept: set[int] = set()  # closed, mapped until let_go_kept
         self._room_hooks: list[weakref.WeakMethod] = []
         self.cache.on_room_needed = self._room_needed
         _STORES.add(self)
@@ -83,7 +85,7 @@ class CachedStore:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_mapped", "_pinned", "_room_hooks"):
+        for key in ("_mapped", "_pinned", "_kept", "_room_hooks"):
             state.pop(key)
         return state
 
@@ -95,6 +97,7 @@ class CachedStore:
         """Drop every mapping and close the node cache (its threads and locks)."""
         self._mapped.clear()
         self._pinned.clear()
+        self._kept.clear()
         self.cache.close()
 
     def __len__(self) -> int:
@@ -193,10 +196,19 @@ class CachedStore:
             readers[name] = make(table)
         return readers[name]
 
-    def close_shard(self, shard: int) -> None:
-        """Stop reading shard ``shard``: its mapping is let go of (views into it stay valid)."""
+    def close_shard(self, shard: int, keep_mapped: bool = False) -> None:
+        """Stop reading shard ``shard``: its mapping is let go of (views into it stay valid), or
+        with ``keep_mapped`` kept until :meth:`let_go_kept`."""
         self._pinned.discard(shard)
+        if keep_mapped:
+            self._kept.add(shard)
         self._let_go(shard)
+
+    def let_go_kept(self) -> None:
+        """Let go of the mappings of the shards closed with ``keep_mapped``."""
+        kept, self._kept = self._kept, set()
+        for shard in kept:
+            self._let_go(shard)
 
     def when_room_is_needed(self, let_go: Callable[[], None]) -> None:
         """Call ``let_go`` (a bound method, held weakly) when this process waits for room in the
@@ -215,9 +227,10 @@ class CachedStore:
                     method()
 
     def _let_go(self, shard: int) -> None:
-        """The one place a mapping is dropped: ``shard``'s, unless a reader pins it. The file can
-        be evicted once the views handed out of it are gone too."""
-        if shard not in self._pinned:
+        """The one place a mapping is dropped: ``shard``'s, unless a reader pins it (or it was
+        closed with ``keep_mapped``). The file can be evicted once the views handed out of it are
+        gone too."""
+        if shard not in self._pinned and shard not in self._kept:
             self._mapped.pop(shard, None)
 
     def __repr__(self) -> str:

@@ -76,7 +76,9 @@ def _joined_rows(packs: Sequence[Pack], width: int, pad_id: int, lengths: Sequen
     try:  # a piece that holds its own array can't be a slice bound (TypeError), nor its source be a store's (KeyError)
         if len(views) == 1:
             view = next(iter(views.values()))
-            parts = [view[position : position + length] for position, length in zip(positions, lengths)]
+            sliced = getattr(view, "slices", None)  # a store read shard by shard slices a batch at once
+            parts = (sliced(positions, lengths) if sliced is not None else
+                     [view[position : position + length] for position, length in zip(positions, lengths)])
         else:
             parts = [views[source][position : position + length]
                      for source, position, length in zip(sources, positions, lengths)]

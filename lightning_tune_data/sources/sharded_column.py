@@ -125,29 +125,26 @@ class WindowReads:
         # pass -> (windows of the pass, each shard's windows in it, sorted); replaced, never changed
         self._shard_windows: dict[int, tuple[int, list[np.ndarray]]] = {}
         self.released: set[int] = set()  # shards let go of since the reader last asked
-        # the tables of shards let go of since the reader last copied out what it holds of them,
-        # kept mapped (so not evicted) until it has: see take_released
-        self._releasing: dict[int, Any] = {}
-        self._taking = False  # whether a reader takes them (a packer): else nothing is kept
+        self._taking = False  # whether a reader takes them (a packer): else nothing is kept mapped
         store.when_room_is_needed(self.drop_released)
 
     def take_released(self) -> set[int]:
         """The shards let go of since the last call. A packer takes them after each read and
         copies out the documents it holds of them; their mappings live until it says it has
-        (:meth:`copied_out`, or the node's cache needs room), so nothing is fetched again."""
+        (:meth:`copied_out`, or the node's cache needs room), so nothing is mapped or fetched again."""
         released, self.released = self.released, set()
         self._taking = True
         return released
 
     def drop_released(self) -> None:
         """Let go of the mappings kept for shards let go of (the node's cache needs room)."""
-        self._releasing = {}
+        self._store.let_go_kept()
 
     def copied_out(self) -> None:
         """The reader has copied out what it held of the shards it took (:meth:`take_released`):
         every mapping of a shard it does not read now goes at once. An idle reader (a dataloader
         worker waiting for its turn) must hold no shard the node's other readers need room for."""
-        self._releasing = {}
+        self._store.let_go_kept()
         pinned = set(self._store.pinned())
         for column in self._columns:
             column.keep_only(pinned)
@@ -222,9 +219,7 @@ class WindowReads:
         cache = self._store.cache
         for shard in self._store.pinned():
             if shard not in keep:
-                if self._taking:
-                    self._releasing[shard] = self._store.open_shard(shard, pin=False)  # mapped: see take_released
-                self._store.close_shard(shard)
+                self._store.close_shard(shard, keep_mapped=self._taking)  # see take_released
                 self.released.add(shard)
         for column in self._columns:
             column.keep_only(keep)

@@ -82,6 +82,21 @@ def test_open_shard_downloads_only_that_shard_and_keeps_it_pinned_until_closed(s
     assert fault_proxy.gets(shards[2]["path"]) == 1  # still on the node: not fetched again
 
 
+def test_a_shard_closed_with_keep_mapped_stays_mapped_until_let_go_of_then_can_be_evicted(s3, fault_proxy, tmp_path,
+                                                                                           committed):
+    from lightning_tune_data.cache.node_room import evict
+
+    content, _ = committed
+    store = cached_store(s3, fault_proxy, tmp_path, content, budget=10 << 20)
+    store.open_shard(1)
+    store.close_shard(1, keep_mapped=True)  # a packer copies out what it holds of it first
+    assert store.pinned() == [] and not evict(store.cache.path(1))
+    store.open_shard(1, pin=False)  # read again from the kept mapping: nothing is mapped anew
+    assert not evict(store.cache.path(1))
+    store.let_go_kept()
+    assert evict(store.cache.path(1))
+
+
 def test_every_row_read_through_a_budget_of_two_shards_matches_the_store_and_usage_stays_within_it(
         s3, fault_proxy, tmp_path, committed):
     content, table = committed

@@ -36,6 +36,18 @@ def test_a_position_names_its_shard_and_slices_give_the_documents_as_arrays_and_
     assert flat.dtype == np.dtype(np.int32) or flat.dtype.kind in "iu"
 
 
+def test_slicing_a_batch_of_pieces_at_once_equals_slicing_each(store_and_rows, tmp_path):
+    folder, rows = store_and_rows
+    flat = column_of(folder, tmp_path).flat()
+    order = np.random.default_rng(2).permutation(len(rows))
+    positions, lengths = flat.positions(order)
+    for sliced in (flat.values, flat.views):
+        parts = sliced.slices(positions.tolist(), lengths.tolist())
+        assert [bytes(part) for part in parts] == [bytes(sliced[p : p + n]) for p, n in zip(positions.tolist(), lengths.tolist())]
+    with pytest.raises(TypeError):  # a piece holding its own array is not a position: the caller joins otherwise
+        flat.views.slices([np.array([1, 2])], [2])
+
+
 def test_a_held_position_of_a_shard_let_go_of_keeps_it_from_eviction_only_while_its_views_live(store_and_rows, tmp_path):
     folder, rows = store_and_rows
     column = column_of(folder, tmp_path)

@@ -216,9 +216,10 @@ class CachedStore:
         self._room_hooks.append(weakref.WeakMethod(let_go))
 
     def _room_needed(self) -> None:
-        """Every store of this process lets go of the views it does not read now (they share the
-        node's budget)."""
+        """Every store of this process lets go of the mappings it keeps and the views it does not
+        read now (they share the node's budget)."""
         for store in list(_STORES):
+            store.let_go_kept()
             for hook in list(store._room_hooks):
                 method = hook()
                 if method is None:

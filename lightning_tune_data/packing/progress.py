@@ -76,11 +76,13 @@ class PackingProgress:
         Args:
             references, tokens: the block just read's piece references and tokens.
         """
-        holders = [(pack.refs, pack.tokens) for pack in self.placer.held_packs()[0]] + [(references, tokens)]
+        holders = None  # built only when a source let go of shards (windowed stores only)
         for name, store in self.placer.stores.items():
             released = getattr(store, "released_shards", None)
             shards = released() if released is not None else None
             if shards:
+                if holders is None:
+                    holders = [(pack.refs, pack.tokens) for pack in self.placer.held_packs()[0]] + [(references, tokens)]
                 detach_pieces(holders, name, shards, store.flat_tokens())
                 store.copied_out()
 

@@ -126,7 +126,6 @@ class WindowReads:
         self._shard_windows: dict[int, tuple[int, list[np.ndarray]]] = {}
         self.released: set[int] = set()  # shards let go of since the reader last asked
         self._taking = False  # whether a reader takes them (a packer): else nothing is kept mapped
-        store.when_room_is_needed(self.drop_released)
 
     def take_released(self) -> set[int]:
         """The shards let go of since the last call. A packer takes them after each read and
@@ -135,10 +134,6 @@ class WindowReads:
         released, self.released = self.released, set()
         self._taking = True
         return released
-
-    def drop_released(self) -> None:
-        """Let go of the mappings kept for shards let go of (the node's cache needs room)."""
-        self._store.let_go_kept()
 
     def copied_out(self) -> None:
         """The reader has copied out what it held of the shards it took (:meth:`take_released`):

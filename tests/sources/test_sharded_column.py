@@ -110,7 +110,7 @@ def test_shards_let_go_of_stay_until_a_packer_has_copied_out_what_it_holds_of_th
     reads.copied_out()
     assert all(evict(store.cache.path(shard)) for shard in passed)  # then they go, views included
     store, reads, passed, _ = _walk_to_window_2(folder, rows, tmp_path / "room", taking=True)
-    reads.drop_released()  # the node's cache needs room
+    store.cache.on_room_needed()  # the node's cache needs room
     assert all(evict(store.cache.path(shard)) for shard in passed)
 
 
